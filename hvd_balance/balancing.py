@@ -1,0 +1,131 @@
+"""One path from measurements to an applied plan, shared by the callbacks and the benchmark.
+
+    measure (every rank) -> allgather -> plan (rank 0) -> broadcast -> apply (every rank)
+
+Every function here runs the same collectives in the same order on every rank, and turns a
+failure on one rank into the same error on all of them (see :mod:`hvd_balance.collective`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from . import collective
+from .benchmark import candidate_batches, measure_curve
+from .data import BalancedData
+from .optimizer import gradient_weight_of
+from .plan import Plan
+from .planner import plan_batches, solve_proportional
+
+log = logging.getLogger(__name__)
+
+
+def describe_device() -> str:
+    """A short name for this rank's device: ``gpu:<name>`` or ``cpu`` (with an emulated share)."""
+    gpus = tf.config.get_visible_devices("GPU")
+    if gpus:
+        try:
+            name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "")
+        except Exception:  # noqa: BLE001 - details are optional
+            name = ""
+        return f"gpu:{name or gpus[0].name}"
+    share = os.environ.get("HVD_BALANCE_CPU_SHARE")
+    return f"cpu x{float(share):g}" if share else "cpu"
+
+
+def check_consistent(name: str, **values: Any) -> None:
+    """Raise on every rank unless every rank passed the same ``values``.
+
+    The message names each differing value and what each rank had, e.g.
+    ``global_batch_size differs across ranks: rank 0: 256, rank 1: 128``.
+    """
+    gathered = collective.allgather_object(values, name=name)
+    problems = []
+    for key in values:
+        seen = [g.get(key) for g in gathered]
+        if any(v != seen[0] for v in seen):
+            problems.append(f"{key} differs across ranks: " +
+                            ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(seen)))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size: Optional[int] = None,
+                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5,
+                 budget_s: Optional[float] = None) -> Dict[str, Any]:
+    """This rank's time curve and facts for planning (runs no collective)."""
+    if batch_sizes is None:
+        batch_sizes = candidate_batches(data.global_batch_size, data.world_size, max_batch_size)
+    sample = next(iter(data.take(1)))
+    curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats, budget_s=budget_s)
+    return {"curve": curve, "max_batch_size": max_batch_size, "host": collective.hostname(),
+            "device": describe_device(), "benchmark_s": seconds}
+
+
+def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size: int,
+                           method: str = "minmax") -> Plan:
+    """The plan for gathered :func:`measure_rank` results (pure; runs on rank 0)."""
+    caps = [m["max_batch_size"] for m in measurements]
+    plan = plan_batches([m["curve"] for m in measurements], global_batch_size,
+                        max_batch_sizes=None if all(c is None for c in caps) else caps,
+                        method=method, hosts=tuple(m["host"] for m in measurements),
+                        devices=tuple(m["device"] for m in measurements),
+                        benchmark_s=max(m["benchmark_s"] for m in measurements))
+    return plan
+
+
+def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = "minmax",
+                       max_batch_size: Optional[int] = None, batch_sizes=None, repeats: int = 5,
+                       budget_s: Optional[float] = None) -> Plan:
+    """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks."""
+    mine = collective.all_ok(
+        lambda: measure_rank(model, data, max_batch_size, batch_sizes, repeats, budget_s),
+        name="hvd_balance.benchmark")
+    measurements = collective.allgather_object(mine, name="hvd_balance.curves")
+    return collective.agree(
+        lambda: plan_from_measurements(measurements, data.global_batch_size, method),
+        name="hvd_balance.plan")
+
+
+def resolve_given_plan(plan, data: BalancedData) -> Plan:
+    """A given plan (a :class:`Plan`, a dict, or a YAML path) checked against the job on all ranks."""
+    def load():
+        if isinstance(plan, Plan):
+            p = plan
+        elif isinstance(plan, dict):
+            p = Plan.from_dict(plan)
+        elif isinstance(plan, (str, os.PathLike)):
+            p = Plan.load(plan)
+        else:
+            raise TypeError(f"plan must be a Plan, a dict or a path; got {type(plan).__name__}")
+        return p.check(data.world_size, data.global_batch_size)
+    return collective.all_ok(load, name="hvd_balance.given_plan")
+
+
+def scaled_plan(plan: Plan, global_batch_size: int) -> Plan:
+    """``plan``'s proportions applied to another global batch (validation data)."""
+    if global_batch_size == plan.global_batch_size:
+        return plan
+    sizes = solve_proportional(np.array(plan.batch_sizes, dtype=float), global_batch_size,
+                               np.full(plan.world_size, global_batch_size))
+    return Plan.from_batch_sizes(sizes, method=plan.method, hosts=plan.hosts, devices=plan.devices)
+
+
+def apply_plan(plan: Plan, data: BalancedData, optimizer=None,
+               validation_data: Optional[BalancedData] = None) -> None:
+    """Set this rank's local batch (training and validation) and gradient weight."""
+    data.set_plan(plan)
+    if validation_data is not None:
+        validation_data.set_plan(scaled_plan(plan, validation_data.global_batch_size))
+    weight = gradient_weight_of(optimizer) if optimizer is not None else None
+    if weight is not None:
+        weight.set(plan.weights[data.rank])
+    elif optimizer is not None and data.world_size > 1 and len(set(plan.batch_sizes)) > 1:
+        raise TypeError(
+            "unequal local batches need hvd_balance.DistributedOptimizer to weight the "
+            f"gradients; the model's optimizer is {type(optimizer).__name__}")

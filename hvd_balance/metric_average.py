@@ -1,0 +1,82 @@
+"""WeightedMetricAverage: epoch metrics averaged over ranks, weighted by samples seen."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from . import collective
+from .data import BalancedData
+from .optimizer import gradient_weight_of
+
+
+def weighted_average(logs: Dict[str, float], train_samples: float, val_samples: float,
+                     name: str) -> Dict[str, float]:
+    """Replace each metric by ``sum_i n_i m_i / sum_i n_i`` over ranks (one allreduce).
+
+    ``n_i`` is ``val_samples`` for keys starting with ``val_`` and ``train_samples`` for the
+    others. Keys are taken in sorted order, so every rank reduces the same vector.
+    """
+    keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
+    if not keys:
+        return dict(logs)
+    n = np.array([val_samples if k.startswith("val_") else train_samples for k in keys], dtype=np.float64)
+    v = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+    if collective.size() > 1:
+        import horovod.tensorflow as hvd
+        total = hvd.allreduce(tf.constant(np.concatenate([v * n, n])), op=hvd.Sum, name=name).numpy()
+    else:
+        total = np.concatenate([v * n, n])
+    out = dict(logs)
+    sums, counts = total[: len(keys)], total[len(keys):]
+    for k, s, c in zip(keys, sums, counts):
+        out[k] = float(s / c) if c > 0 else float(logs[k])
+    return out
+
+
+class WeightedMetricAverage(tf.keras.callbacks.Callback):
+    """Average epoch metrics across ranks, weighting each rank by the samples it saw.
+
+    Horovod's ``MetricAverageCallback`` gives every rank the same weight; with unequal
+    local batches that over-counts the slow ranks. This callback replaces every metric in the
+    epoch logs by ``sum_i n_i m_i / sum_i n_i`` (``n_i``: rank i's samples in the epoch), so a
+    mean metric becomes the mean over all samples of the global epoch. Place it before
+    callbacks that read the logs (``CSVLogger``, ``ModelCheckpoint``, ``EarlyStopping``).
+
+    Args:
+        data: the training :class:`BalancedData` (its samples per epoch give ``n_i``);
+            default: the weight ``b_i / B`` of the model's hvd_balance optimizer, which is
+            proportional to ``n_i`` since every rank runs the same number of steps.
+        validation_data: the validation :class:`BalancedData`; default: the same weights as
+            training (right when the validation data is sharded by the same plan, and
+            harmless when every rank evaluates the same data).
+
+    Example:
+        ```python
+        model.fit(data, validation_data=val, epochs=5, callbacks=[
+            hvd_balance.LoadBalancer(data, validation_data=val),
+            hvd_balance.WeightedMetricAverage(data, val),
+            tf.keras.callbacks.CSVLogger("log.csv")])
+        ```
+    """
+
+    def __init__(self, data: Optional[BalancedData] = None,
+                 validation_data: Optional[BalancedData] = None):
+        super().__init__()
+        self.data = data
+        self.validation_data = validation_data
+
+    def _train_samples(self) -> float:
+        if self.data is not None:
+            return float(self.data.local_samples)
+        weight = gradient_weight_of(getattr(self.model, "optimizer", None))
+        return weight.get() if weight is not None else 1.0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        train = self._train_samples()
+        val = float(self.validation_data.local_samples) if self.validation_data is not None else train
+        logs.update(weighted_average(logs, train, val, name=f"hvd_balance.metrics.{epoch}"))

@@ -1,0 +1,132 @@
+"""Weighted gradient averaging: a drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``.
+
+With unequal local batches ``b_i`` (global batch ``B = sum b_i``), the plain average of the
+ranks' gradients weights a slow rank's few samples as much as a fast rank's many. The
+single-device gradient on the global batch is instead::
+
+    g = sum_i (b_i / B) * g_i        (g_i: the mean gradient over rank i's local batch)
+
+so each rank scales its local gradient by its weight ``w_i = b_i / B`` and the ranks
+*sum* them. Horovod requires pre/postscale factors to be equal on every rank, so the scaling
+is applied to the gradient tensors before a ``Sum`` allreduce, not through a prescale factor.
+The weight lives in a ``tf.Variable`` read inside the compiled step, so the load balancer can
+change it between steps without retracing; it starts at ``1 / size``, which makes the
+optimizer behave exactly like Horovod's averaging one until a plan is applied.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+
+from . import collective
+
+
+class GradientWeight:
+    """This rank's gradient weight ``b_i / B`` (a number in (0, 1]), in a TF variable.
+
+    A plain object (not tracked by TensorFlow), so the weight is not written into the
+    optimizer's checkpoints and a model saved with it loads without hvd_balance.
+    """
+
+    def __init__(self, value: float):
+        self.variable = tf.Variable(float(value), trainable=False, dtype=tf.float32,
+                                    name="hvd_balance_gradient_weight")
+
+    def set(self, value: float) -> None:
+        value = float(value)
+        if not 0.0 < value <= 1.0:
+            raise ValueError(f"a gradient weight must be in (0, 1]; got {value!r}")
+        self.variable.assign(value)
+
+    def get(self) -> float:
+        return float(self.variable.numpy())
+
+    def scale(self, grad):
+        """``grad * weight`` for a dense tensor or ``tf.IndexedSlices`` (``None`` stays)."""
+        if grad is None:
+            return None
+        if isinstance(grad, tf.IndexedSlices):
+            w = tf.cast(self.variable, grad.values.dtype)
+            return tf.IndexedSlices(grad.values * w, grad.indices, grad.dense_shape)
+        return grad * tf.cast(self.variable, grad.dtype)
+
+
+def _is_keras_optimizer(optimizer) -> bool:
+    kinds = [tf.keras.optimizers.Optimizer]
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is not None:
+        kinds.append(legacy.Optimizer)
+    return isinstance(optimizer, tuple(kinds))
+
+
+def DistributedOptimizer(optimizer, name: Optional[str] = None, **horovod_kwargs):
+    """Wrap a Keras optimizer so each rank's gradient counts in proportion to its batch.
+
+    Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: every keyword of it is
+    accepted (``compression``, ``sparse_as_dense``, ``backward_passes_per_step``,
+    ``average_aggregated_gradients``, ``groups``, ``process_set``, ``device_dense``, ...)
+    except those that contradict weighted averaging: ``op`` must be ``hvd.Average`` (the
+    default, meaning the *weighted* average here) and ``gradient_predivide_factor`` must be 1.
+
+    Args:
+        optimizer: a ``tf.keras`` optimizer (new or legacy).
+        name: optional name prefix for the allreduce ops.
+        **horovod_kwargs: passed to Horovod's ``DistributedOptimizer``.
+
+    Returns:
+        Horovod's distributed optimizer (same class name as ``optimizer``), reducing with
+        ``Sum`` over gradients pre-scaled by ``optimizer.gradient_weight`` (a
+        :class:`GradientWeight`, initially ``1 / size``).
+
+    Raises:
+        TypeError: if ``optimizer`` is not a Keras optimizer.
+        ValueError: for an ``op`` other than Average or a predivide factor other than 1.
+
+    Example:
+        ```python
+        opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.05))
+        model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+        ```
+    """
+    import horovod.tensorflow.keras as hvd
+
+    if not _is_keras_optimizer(optimizer):
+        raise TypeError(
+            f"hvd_balance.DistributedOptimizer needs a tf.keras optimizer; got {optimizer!r} "
+            f"of type {type(optimizer).__name__}")
+    op = horovod_kwargs.pop("op", hvd.Average)
+    if op != hvd.Average:
+        raise ValueError(
+            f"op={op!r} is not supported: hvd_balance reduces with a weighted average "
+            "(the default op, hvd.Average); drop the op argument")
+    predivide = horovod_kwargs.pop("gradient_predivide_factor", 1.0)
+    if predivide != 1.0:
+        raise ValueError(
+            f"gradient_predivide_factor={predivide!r} is not supported: the gradients are "
+            "weighted by b_i/B before a Sum allreduce; drop the argument")
+
+    distributed = hvd.DistributedOptimizer(optimizer, name=name, op=hvd.Sum, **horovod_kwargs)
+    weight = GradientWeight(1.0 / collective.size())
+    # Horovod calls self._allreduce_grads(grads, vars) for every allreduce it makes (and its
+    # gradient-aggregation helper keeps its own reference): scale just before that call.
+    reduce_sum = distributed._allreduce_grads
+
+    def weighted_allreduce(grads, variables):
+        return reduce_sum([weight.scale(g) for g in grads], variables)
+
+    distributed._allreduce_grads = weighted_allreduce
+    if getattr(distributed, "_agg_helper", None) is not None:
+        distributed._agg_helper.allreduce_grads = weighted_allreduce
+    distributed.gradient_weight = weight
+    return distributed
+
+
+def gradient_weight_of(optimizer) -> Optional[GradientWeight]:
+    """The :class:`GradientWeight` of an optimizer made by :func:`DistributedOptimizer`."""
+    weight = getattr(optimizer, "gradient_weight", None)
+    if weight is None:
+        inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+        weight = getattr(inner, "gradient_weight", None)
+    return weight if isinstance(weight, GradientWeight) else None

@@ -1,0 +1,17 @@
+"""hvd_balance: static and adaptive load balancing for Horovod Keras training on mixed devices."""
+from setuptools import find_packages, setup
+
+setup(
+    name="hvd_balance",
+    version="0.1.0",
+    description="Load balancing for synchronous Horovod Keras training on heterogeneous clusters",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["hvd_balance", "hvd_balance.*"]),
+    python_requires=">=3.9",
+    # TensorFlow and Horovod are installed by scripts/install.sh (Horovod must be compiled
+    # against the installed TensorFlow), so they are not pinned here.
+    install_requires=["numpy>=1.22", "pyyaml>=5.4"],
+    extras_require={"bench": ["matplotlib>=3.5"], "test": ["pytest>=7", "pytest-timeout>=2"]},
+    entry_points={"console_scripts": ["hvd-balance=hvd_balance.cli:main"]},
+)
