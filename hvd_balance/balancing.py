@@ -56,13 +56,12 @@ def check_consistent(name: str, **values: Any) -> None:
 
 
 def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size: Optional[int] = None,
-                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5,
-                 budget_s: Optional[float] = None) -> Dict[str, Any]:
+                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5) -> Dict[str, Any]:
     """This rank's time curve and facts for planning (runs no collective)."""
     if batch_sizes is None:
         batch_sizes = candidate_batches(data.global_batch_size, data.world_size, max_batch_size)
     sample = next(iter(data.take(1)))
-    curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats, budget_s=budget_s)
+    curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats)
     return {"curve": curve, "max_batch_size": max_batch_size, "host": collective.hostname(),
             "device": describe_device(), "benchmark_s": seconds}
 
@@ -80,11 +79,11 @@ def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size
 
 
 def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = "minmax",
-                       max_batch_size: Optional[int] = None, batch_sizes=None, repeats: int = 5,
-                       budget_s: Optional[float] = None) -> Plan:
+                       max_batch_size: Optional[int] = None, batch_sizes=None,
+                       repeats: int = 5) -> Plan:
     """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks."""
     mine = collective.all_ok(
-        lambda: measure_rank(model, data, max_batch_size, batch_sizes, repeats, budget_s),
+        lambda: measure_rank(model, data, max_batch_size, batch_sizes, repeats),
         name="hvd_balance.benchmark")
     measurements = collective.allgather_object(mine, name="hvd_balance.curves")
     return collective.agree(

@@ -87,23 +87,29 @@ class StepTimer:
 
         self._step = step
 
-    def time(self, size: int, repeats: int = 5, warmup: int = 2) -> float:
-        """Median seconds of one step at local batch ``size`` (samples)."""
+    def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 2) -> List[float]:
+        """Median seconds of one step at each local batch in ``sizes`` (samples).
+
+        The sizes are timed round-robin (one call of each, ``repeats`` times over), so a
+        transient slowdown of the machine hits every size alike instead of bending the curve.
+        """
         if self._step is None:
             self._build()
-        x, y = self._batch(size)
-        for _ in range(warmup):
-            self._step(x, y).numpy()
-        times = []
+        batches = [self._batch(int(s)) for s in sizes]
+        for x, y in batches:
+            for _ in range(warmup):
+                self._step(x, y).numpy()
+        times = [[] for _ in batches]
         for _ in range(repeats):
-            start = time.perf_counter()
-            self._step(x, y).numpy()
-            times.append(time.perf_counter() - start)
-        return float(np.median(times))
+            for k, (x, y) in enumerate(batches):
+                start = time.perf_counter()
+                self._step(x, y).numpy()
+                times[k].append(time.perf_counter() - start)
+        return [float(np.median(t)) for t in times]
 
 
 def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], repeats: int = 5,
-                  warmup: int = 2, budget_s: Optional[float] = None) -> Tuple[Curve, float]:
+                  warmup: int = 2) -> Tuple[Curve, float]:
     """Time a step at each of ``batch_sizes``; the model's variables are left unchanged.
 
     Args:
@@ -111,9 +117,7 @@ def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], rep
         sample: a batch from the real data, ``(x, y)`` or ``x``.
         batch_sizes: local batch sizes to time, in samples (ascending).
         repeats: timed calls per size; the median is kept.
-        warmup: untimed calls per size before timing.
-        budget_s: optional wall-clock budget in seconds; once spent, the remaining sizes are
-            timed with a single repeat (at least two sizes are always timed).
+        warmup: untimed calls per size before timing (the first traces the step).
 
     Returns:
         ``(curve, seconds_spent)``: ``curve`` is ``[(local_batch, seconds_per_step), ...]``.
@@ -121,13 +125,9 @@ def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], rep
     start = time.perf_counter()
     timer = StepTimer(model, sample)
     saved = [tf.identity(v) for v in model.variables]  # BatchNorm statistics and the like
-    curve: Curve = []
     try:
-        for k, size in enumerate(batch_sizes):
-            over = budget_s is not None and time.perf_counter() - start > budget_s and k >= 2
-            curve.append((int(size), timer.time(int(size), 1 if over else repeats,
-                                                 1 if over else warmup)))
+        seconds = timer.time(batch_sizes, repeats, warmup)
     finally:
         for v, value in zip(model.variables, saved):
             v.assign(value)
-    return curve, time.perf_counter() - start
+    return [(int(b), t) for b, t in zip(batch_sizes, seconds)], time.perf_counter() - start

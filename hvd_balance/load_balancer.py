@@ -35,8 +35,9 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         max_batch_size: this rank's cap on the local batch (memory), in samples; may differ
             per rank.
         benchmark_batches: local batch sizes to time (default: around ``B / N``).
-        repeats: timed repeats per batch size (median kept).
-        benchmark_budget_s: soft limit in seconds on each rank's benchmark.
+        repeats: timed repeats per batch size (median kept); the benchmark makes
+            ``len(benchmark_batches) * (repeats + 2)`` step calls, its cost in seconds is
+            ``plan.benchmark_s``.
         verbose: 1 prints the plan table on rank 0, 0 is silent.
 
     Attributes:
@@ -57,7 +58,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                  validation_data: Optional[BalancedData] = None, method: str = "minmax",
                  max_batch_size: Optional[int] = None,
                  benchmark_batches: Optional[Sequence[int]] = None, repeats: int = 5,
-                 benchmark_budget_s: Optional[float] = None, verbose: int = 1):
+                 verbose: int = 1):
         super().__init__()
         if not isinstance(data, BalancedData):
             raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
@@ -68,7 +69,6 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.max_batch_size = max_batch_size
         self.benchmark_batches = benchmark_batches
         self.repeats = repeats
-        self.benchmark_budget_s = benchmark_budget_s
         self.verbose = verbose
         self.plan: Optional[Plan] = None
 
@@ -83,8 +83,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         else:
             plan = balancing.benchmark_and_plan(
                 self.model, data, method=self.method, max_batch_size=self.max_batch_size,
-                batch_sizes=self.benchmark_batches, repeats=self.repeats,
-                budget_s=self.benchmark_budget_s)
+                batch_sizes=self.benchmark_batches, repeats=self.repeats)
         collective.all_ok(lambda: balancing.apply_plan(plan, data, self.model.optimizer,
                                                        self.validation_data),
                           name="hvd_balance.apply_plan")

@@ -1,0 +1,69 @@
+"""Weighted gradient averaging: one step with unequal local batches equals the global-batch step."""
+import json
+
+import pytest
+import tensorflow as tf
+
+import hvd_balance
+from _helpers import run_ranks
+
+
+def results(run):
+    out = {}
+    for line in run.stdout.splitlines():
+        if "RESULT " in line:
+            r = json.loads(line.split("RESULT ", 1)[1])
+            out[r["rank"]] = r
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("batches", ["5,17,42", "7,25"])
+def test_weighted_step_equals_single_process_on_global_batch(batches):
+    sizes = [int(b) for b in batches.split(",")]
+    run = run_ranks("tests/rank_scripts/gradient_equivalence.py", np=len(sizes), args=[batches],
+                    timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:]
+    per_rank = results(run)
+    assert sorted(per_rank) == list(range(len(sizes)))
+    for rank, r in per_rank.items():
+        for case in ("dense", "sparse"):
+            assert r[f"moved_{case}"] > 1e-3          # the step really changed the weights
+            assert r[f"max_rel_err_{case}"] < 1e-5    # and equals the single-process step
+            assert r[f"weight_{case}"] == pytest.approx(sizes[rank] / sum(sizes))
+
+
+def test_not_a_keras_optimizer_is_refused():
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    with pytest.raises(TypeError, match="needs a tf.keras optimizer; got 'sgd'"):
+        hvd_balance.DistributedOptimizer("sgd")
+
+
+def test_ops_other_than_weighted_average_are_refused():
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    with pytest.raises(ValueError, match="op=.*not supported"):
+        hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=hvd.Sum)
+    with pytest.raises(ValueError, match="gradient_predivide_factor=2.0"):
+        hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), gradient_predivide_factor=2.0)
+
+
+def test_single_process_default_weight_is_one_and_training_matches_plain_keras():
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
+    weights = []
+    for make in (lambda: hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+                 lambda: tf.keras.optimizers.SGD(0.1)):
+        tf.keras.utils.set_random_seed(3)
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+        opt = make()
+        model.compile(optimizer=opt, loss="mse")
+        model.train_on_batch(x, y)
+        weights.append(model.get_weights())
+    assert hvd_balance.optimizer.gradient_weight_of(opt) is None
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
