@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 Points = Tuple[Tuple[int, float], ...]
 
@@ -94,20 +94,90 @@ class Plan:
 
     def check(self, world_size: int, global_batch_size: Optional[int] = None,
               hosts: Optional[Sequence[str]] = None) -> "Plan":
-        """Raise :class:`PlanMismatchError` naming what differs from the running job."""
+        """Raise :class:`PlanMismatchError` naming what differs from the running job.
+
+        Args:
+            world_size: the job's number of ranks.
+            global_batch_size: the job's global batch (``None``: not checked).
+            hosts: the job's host of each rank, in rank order (``None``, or a plan made
+                without hosts: not checked).
+
+        Returns:
+            The plan itself, so ``plan = Plan.load(path).check(...)`` reads naturally.
+        """
+        problems = self.mismatches(world_size, global_batch_size, hosts)
+        if problems:
+            raise PlanMismatchError("the plan does not fit this job: " + "; ".join(problems))
+        return self
+
+    def mismatches(self, world_size: int, global_batch_size: Optional[int] = None,
+                   hosts: Optional[Sequence[str]] = None) -> List[str]:
+        """What differs from the running job, one sentence each (empty when it fits)."""
         problems = []
         if self.world_size != world_size:
             problems.append(f"it is for {self.world_size} ranks, the job has {world_size}")
         if global_batch_size is not None and self.global_batch_size != global_batch_size:
             problems.append(
                 f"its global batch is {self.global_batch_size}, the job's is {global_batch_size}")
-        if hosts is not None and self.hosts and tuple(hosts) != self.hosts:
-            diff = [f"rank {i}: plan {a!r}, job {b!r}"
-                    for i, (a, b) in enumerate(zip(self.hosts, hosts)) if a != b]
-            problems.append("its hosts differ (" + "; ".join(diff[:5]) + ")")
+        if hosts is not None and self.hosts:
+            hosts = tuple(str(h) for h in hosts)
+            if len(hosts) != world_size:
+                problems.append(f"the job's host list has {len(hosts)} entries for {world_size} ranks")
+            elif self.world_size == world_size and hosts != self.hosts:
+                diff = [f"rank {i}: plan host {a!r}, job host {b!r}"
+                        for i, (a, b) in enumerate(zip(self.hosts, hosts)) if a != b]
+                text = "; ".join(diff[:5])
+                if len(diff) > 5:
+                    text += f"; and {len(diff) - 5} more ranks"
+                if sorted(hosts) == sorted(self.hosts):
+                    text += ("; the same hosts in another order: launch the ranks in the order "
+                             "the plan was made with")
+                problems.append(f"its hosts differ ({text})")
+        return problems
+
+    def save(self, path: str) -> str:
+        """Write the plan to a YAML plan file (atomically); returns ``path``.
+
+        The file holds each rank's host, device, time curve, local batch, weight and cap,
+        and the versions of hvd_balance, TensorFlow and Horovod it was made with; see
+        :mod:`hvd_balance.plan_file`. Call it on rank 0 only.
+
+        Example:
+            >>> plan.save("plan.yaml")  # doctest: +SKIP
+            >>> Plan.load("plan.yaml", world_size=4, global_batch_size=256)  # doctest: +SKIP
+        """
+        from . import plan_file
+
+        return plan_file.save(self, path)
+
+    @classmethod
+    def load(cls, path: str, world_size: Optional[int] = None,
+             global_batch_size: Optional[int] = None,
+             hosts: Optional[Sequence[str]] = None) -> "Plan":
+        """Read a plan file written by :meth:`save`, and check it against the job if asked.
+
+        Args:
+            path: the plan file.
+            world_size, global_batch_size, hosts: the running job; when ``world_size`` is
+                given the plan is checked as by :meth:`check`.
+
+        Raises:
+            ValueError: the file is missing, not valid YAML, or not a valid plan (the
+                message names the file and the entry).
+            PlanMismatchError: the plan does not fit the job; the message names the file
+                and every difference, e.g. ``rank 2: plan host 'a', job host 'b'``.
+        """
+        from . import plan_file
+
+        plan = plan_file.load(path)
+        if world_size is None:
+            if global_batch_size is not None or hosts is not None:
+                raise ValueError("Plan.load: pass world_size to check global_batch_size or hosts")
+            return plan
+        problems = plan.mismatches(world_size, global_batch_size, hosts)
         if problems:
-            raise PlanMismatchError("the plan does not fit this job: " + "; ".join(problems))
-        return self
+            raise PlanMismatchError(f"plan file {str(path)!r} does not fit this job: " + "; ".join(problems))
+        return plan
 
     def to_dict(self) -> dict:
         """Plain types only (lists, numbers, strings), for broadcasting and YAML."""
@@ -146,20 +216,31 @@ class Plan:
         return cls(**kw)
 
     def table(self, samples_per_s: Optional[Sequence[float]] = None) -> str:
-        """A readable table: rank, host, device, samples/s, local batch, weight, predicted step."""
-        rows = [("rank", "host", "device", "samples/s", "local batch", "weight", "pred. step ms")]
+        """A readable table: rank, host, device, samples/s, local batch, weight, predicted step.
+
+        A ``max batch`` column is added when the plan has caps.
+        """
+        capped = self.max_batch_sizes is not None
+        rows = [("rank", "host", "device", "samples/s", "local batch", "weight", "pred. step ms")
+                + (("max batch",) if capped else ())]
         for i, b in enumerate(self.batch_sizes):
             rate = samples_per_s[i] if samples_per_s is not None else None
             if rate is None and self.curves:
                 pts = self.curves[i]
                 rate = pts[-1][0] / pts[-1][1] if pts else None
             step = self.predicted_step_s[i] * 1e3 if self.predicted_step_s else None
-            rows.append((str(i), self.hosts[i] if self.hosts else "-",
-                         self.devices[i] if self.devices else "-",
-                         "-" if rate is None else f"{rate:.1f}", str(b), f"{b / self.global_batch_size:.4f}",
-                         "-" if step is None else f"{step:.2f}"))
+            row = (str(i), self.hosts[i] if self.hosts else "-",
+                   self.devices[i] if self.devices else "-",
+                   "-" if rate is None else f"{rate:.1f}", str(b), f"{b / self.global_batch_size:.4f}",
+                   "-" if step is None else f"{step:.2f}")
+            if capped:
+                cap = self.max_batch_sizes[i]
+                row += ("-" if cap is None else str(cap),)
+            rows.append(row)
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-        lines = ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
+        left = {1, 2}  # host and device read better left-aligned
+        lines = ["  ".join(v.ljust(w) if c in left else v.rjust(w)
+                           for c, (v, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
         head = (f"plan ({self.method}): {self.world_size} ranks, global batch {self.global_batch_size}")
         if self.predicted_makespan_s is not None:
