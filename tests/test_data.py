@@ -129,3 +129,52 @@ def test_plan_for_another_job_is_refused():
         d.set_plan(Plan.from_batch_sizes([5, 5, 10]))
     with pytest.raises(ValueError, match="global batch is 30, the job's is 20"):
         d.set_plan(Plan.from_batch_sizes([10, 20]))
+
+
+def rank_views(n, global_batch, world, segment_steps, seed=0):
+    return [BalancedData(np.arange(n), np.arange(n), global_batch_size=global_batch, seed=seed,
+                         rank=r, world_size=world, segment_steps=segment_steps) for r in range(world)]
+
+
+def test_plan_change_at_a_segment_boundary_keeps_shards_disjoint_and_prefix_consumed():
+    views = rank_views(1000, 40, 2, segment_steps=5)  # 25 steps, segments of 5
+    for v in views:
+        v.set_plan(Plan.from_batch_sizes([10, 30]), step=10)
+        v.set_plan(Plan.from_batch_sizes([35, 5]), step=20)
+    per_rank = [v.indices(0) for v in views]
+    assert [len(p) for p in per_rank] == [25, 25]
+    assert [len(b) for b in per_rank[0]] == [20] * 10 + [10] * 10 + [35] * 5
+    order = views[0]._order(0)
+    for c in (5, 10, 15, 20, 25):  # after c steps, exactly the permutation's first c*B were used
+        used = np.concatenate([np.concatenate(p[:c]) for p in per_rank])
+        assert sorted(used.tolist()) == sorted(order[:c * 40].tolist())
+    # The pipeline yields exactly these batches.
+    got = [b[1].numpy() for b in views[1]]
+    assert all(np.array_equal(a, b) for a, b in zip(got, per_rank[1]))
+
+
+def test_plan_change_off_a_boundary_is_refused():
+    v = rank_views(1000, 40, 2, segment_steps=5)[0]
+    with pytest.raises(ValueError, match="segment boundary.*got step 7"):
+        v.set_plan(Plan.from_batch_sizes([10, 30]), step=7)
+
+
+def test_resume_from_a_boundary_in_another_world_loses_and_repeats_nothing():
+    old = rank_views(960, 48, 2, segment_steps=4)  # 20 steps
+    done = [np.concatenate(v.indices(0)[:8]) for v in old]  # 8 steps committed with 2 ranks
+    new = rank_views(960, 48, 3, segment_steps=4)
+    rest = []
+    for v in new:
+        v.set_plan(Plan.from_batch_sizes([8, 16, 24]), step=8)
+        batches = list(v.from_step(8))
+        assert len(batches) == 12
+        rest.append(np.concatenate([b[1].numpy() for b in batches]))
+    seen = np.concatenate(done + rest)
+    assert len(seen) == 20 * 48 == len(set(seen.tolist()))
+
+
+def test_set_world_resets_to_the_uniform_split():
+    v = rank_views(100, 12, 2, segment_steps=None)[1]
+    v.set_world(rank=2, world_size=3)
+    assert v.plan.batch_sizes == (4, 4, 4) and v.local_batch_size == 4
+    assert all(len(b) == 4 for b in v.indices(0))
