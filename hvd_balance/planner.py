@@ -14,24 +14,45 @@ Problem (``method="minmax"``). Given the global batch ``B`` and optional caps ``
     minimize   max_i t_i(b_i)
     subject to sum_i b_i = B,   1 <= b_i <= m_i,   b_i integer.
 
-Because every ``t_i`` is non-decreasing, a step time ``T`` is achievable exactly when
-``sum_i min(m_i, n_i(T)) >= B`` with ``n_i(T) = max{b : t_i(b) <= T}`` and every
-``n_i(T) >= 1``. The optimal ``T*`` is the smallest such value; it is found by bisection
-on ``T`` (each test is vectorised over ranks and curve points: O(N K) for N ranks with K
-points each, about 100 bisection steps, so O(N K) overall), then the surplus
-``sum_i n_i(T*) - B`` is taken back one sample at a time from the ranks with the largest
-predicted time (a heap, O(E log N) for a surplus of E, which is at most about N). This
-is exact: it returns a plan whose slowest predicted step equals ``T*`` to within the
-bisection's relative tolerance of 1e-12.
+Solution. Call the pair (rank i, its b-th sample) an *element* with time ``t_i(b)``.
+Because every ``t_i`` is non-decreasing, a plan is a choice of the first ``b_i`` elements
+of each rank, and the plan returned is: every rank's first element (``b_i >= 1``), plus
+the ``B - N`` first elements in the order ``(t_i(b), b, i)`` among the rest
+(``2 <= b <= m_i``). Its slowest step is the smallest possible (any plan must take
+``B - N`` of those elements, so its slowest one is at least the ``(B - N)``-th smallest),
+and the order makes it unique and deterministic: among equal times the rank with fewer
+samples, then the lower rank, gets the sample, so identical ranks (even with flat curves)
+get batches that differ by at most one.
 
-The paper's rule (``method="proportional"``, Moreno-Alvarez et al. 2020) sets
-``b_i`` proportional to throughput with largest-remainder rounding, every rank getting at
-least one sample and caps respected by re-dividing what a capped rank cannot take.
+To find those elements without listing them, let ``n_i(T) = max{b <= m_i : t_i(b) <= T}``
+(inverting the curve, then checked against ``t_i`` itself so that it is exact) and
+``count(T) = sum_i max(0, n_i(T) - 1)``. A bracketing search on ``T`` (regula falsi with the
+Illinois modification, falling back to bisection when it stalls) narrows ``lo < hi`` with
+``count(lo) < B - N <= count(hi)`` until at most ``max(N, 1024)`` elements lie in
+``(lo, hi]``; those are listed, sorted by ``(time, batch, rank)`` and the first
+``B - N - count(lo)`` taken. If ties keep more elements than that in the bracket, the
+search goes on until no float lies between ``lo`` and ``hi``, so they all have time ``hi``
+and are dealt in the order ``(batch, rank)``.
+
+Complexity, for N ranks with K points each: one ``count`` is O(N K) vectorised work (a
+few numpy passes over (N, K) arrays). The search needs few of them: 2 to 8 on the simulated
+clusters of :mod:`hvd_balance.simulate` (N = 8 to 100,000); in the worst case every fourth
+step is a bisection, so it is bounded by the float precision of ``T`` (about a hundred
+counts for realistic ranges). The final sort is O(N log N). Overall O(N K + N log N) per
+solve, with no per-rank Python loop when the curves come as arrays (``plan_batches`` with an
+``(N,)`` or ``(N, K, 2)`` array); building the :class:`Plan`'s per-rank tuples is O(N K)
+Python work. Measured end to end (BENCHMARKS.md, busy 2-core machine): 10,000 ranks in
+20-45 ms, 100,000 in 0.2-0.4 s.
+
+The paper's rule (``method="proportional"``, Moreno-Alvarez et al. 2020) sets ``b_i``
+proportional to throughput, ``B r_i / sum_j r_j``, rounded by largest remainder. With
+bounds it is ``b_i = clip(lam r_i, 1, m_i)`` for the ``lam`` that makes them add up to
+``B``: ranks whose share falls below one sample get one, capped ranks get their cap, and
+the rest share what is left in proportion to throughput (largest remainder). O(N log N).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Optional, Sequence, Union
 
@@ -43,6 +64,8 @@ METHODS = ("minmax", "proportional")
 
 Curve = Sequence[Sequence[float]]  # [(local_batch, seconds_per_step), ...]
 RateOrCurve = Union[float, int, Curve]
+
+_SEARCH_MAX_STEPS = 2000  # bracketing steps; a float bracket closes in far fewer
 
 
 class TimeCurve:
@@ -56,6 +79,11 @@ class TimeCurve:
     linear between them, extends beyond the last point with the slope of the last segment
     (or, if that is flat, the mean seconds per sample of the whole curve), and below the
     first point along the first segment's line, never below zero.
+
+    Example:
+        >>> curve = TimeCurve([(8, 0.05), (32, 0.08)])
+        >>> round(curve(16), 6), round(curve.samples_per_s(), 1)
+        (0.06, 400.0)
     """
 
     def __init__(self, points: Curve):
@@ -67,11 +95,13 @@ class TimeCurve:
         bad = ~np.isfinite(batches) | (batches < 1) | (batches != np.round(batches))
         if bad.any():
             raise ValueError(
-                f"time curve batch sizes must be integers >= 1; got {batches[bad][0]!r} in {points!r}")
+                f"time curve batch sizes must be integers >= 1; got {float(batches[bad][0])!r} "
+                f"in {points!r}")
         bad = ~np.isfinite(times) | (times <= 0)
         if bad.any():
             raise ValueError(
-                f"time curve step times must be finite and > 0 seconds; got {times[bad][0]!r} in {points!r}")
+                f"time curve step times must be finite and > 0 seconds; got {float(times[bad][0])!r} "
+                f"in {points!r}")
         uniq, inverse = np.unique(batches, return_inverse=True)
         mean_t = np.bincount(inverse, weights=times) / np.bincount(inverse)
         self.batches = uniq
@@ -106,7 +136,7 @@ class TimeCurve:
         """Predicted seconds per step at ``local_batch`` (a number or an array of them)."""
         x = np.asarray(local_batch, dtype=float)
         flat = x.reshape(-1)
-        out = _CurveSet([self]).time(np.zeros(flat.size, dtype=int), flat)
+        out = _CurveSet.from_curves([self]).time(flat, np.zeros(flat.size, dtype=np.int64))
         return out.reshape(x.shape) if x.ndim else float(out[0])
 
     def samples_per_s(self, local_batch: Optional[int] = None) -> float:
@@ -118,66 +148,155 @@ class TimeCurve:
         return f"TimeCurve({self.points})"
 
 
+def _take(a: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """``a[r, j[r]]`` for every row r."""
+    return np.take_along_axis(a, j[:, None], axis=1)[:, 0]
+
+
 class _CurveSet:
-    """N curves padded to K points, evaluated and inverted together (vectorised)."""
+    """N monotone curves padded to K points, evaluated and inverted together (vectorised).
 
-    def __init__(self, curves: Sequence[TimeCurve]):
+    ``b`` and ``t`` are (N, K) arrays of batches (samples) and seconds, each row sorted and
+    padded by repeating its last point (padding never changes a result); ``npts`` holds each
+    row's real number of points, ``head`` and ``tail`` the seconds per sample below the first
+    and beyond the last point.
+    """
+
+    def __init__(self, b, t, head, tail, npts):
+        self.b, self.t, self.head, self.tail, self.npts = b, t, head, tail, npts
+        self.n = len(b)
+
+    @classmethod
+    def from_curves(cls, curves: Sequence[TimeCurve]) -> "_CurveSet":
         n = len(curves)
-        k = max(len(c.batches) for c in curves)
-        self.b = np.empty((n, k))
-        self.t = np.empty((n, k))
+        npts = np.array([len(c.batches) for c in curves], dtype=np.int64)
+        k = int(npts.max())
+        b = np.empty((n, k))
+        t = np.empty((n, k))
         for i, c in enumerate(curves):
-            m = len(c.batches)
-            # Pad by repeating the last point; padded points never change the result.
-            self.b[i, :m], self.b[i, m:] = c.batches, c.batches[-1]
-            self.t[i, :m], self.t[i, m:] = c.times, c.times[-1]
-        self.tail = np.array([c.tail_slope() for c in curves])
-        self.head = np.array([c.head_slope() for c in curves])
+            m = npts[i]
+            b[i, :m], b[i, m:] = c.batches, c.batches[-1]
+            t[i, :m], t[i, m:] = c.times, c.times[-1]
+        head = np.array([c.head_slope() for c in curves])
+        tail = np.array([c.tail_slope() for c in curves])
+        return cls(b, t, head, tail, npts)
 
-    def time(self, rows: np.ndarray, batch: np.ndarray) -> np.ndarray:
-        """t_rows(batch), elementwise."""
-        batch = np.asarray(batch, dtype=float)
-        b, t = self.b[rows], self.t[rows]
-        out = np.empty(batch.shape)
-        below = batch <= b[:, 0]
-        above = batch >= b[:, -1]
-        out[below] = np.maximum(0.0, t[below, 0] - self.head[rows][below] * (b[below, 0] - batch[below]))
-        out[above] = t[above, -1] + self.tail[rows][above] * (batch[above] - b[above, -1])
-        mid = ~below & ~above
-        if mid.any():
-            bm, tm, xm = b[mid], t[mid], batch[mid]
-            j = (bm <= xm[:, None]).sum(axis=1) - 1  # segment index, bm[j] <= x < bm[j+1]
-            r = np.arange(len(xm))
-            b0, b1, t0, t1 = bm[r, j], bm[r, j + 1], tm[r, j], tm[r, j + 1]
-            out[mid] = t0 + (t1 - t0) * (xm - b0) / (b1 - b0)
-        return out
+    @classmethod
+    def from_rates(cls, samples_per_s: np.ndarray) -> "_CurveSet":
+        """Curves ``t(b) = b / r``; ``samples_per_s`` must already be checked (> 0, finite)."""
+        t = 1.0 / np.asarray(samples_per_s, dtype=float)
+        n = len(t)
+        return cls(np.ones((n, 1)), t[:, None].copy(), t.copy(), t.copy(), np.ones(n, dtype=np.int64))
 
-    def max_batch(self, step_s: float) -> np.ndarray:
-        """n_i(T): the largest integer batch with t_i(b) <= T, for every rank (0 if none)."""
-        b, t = self.b, self.t
-        n = len(b)
-        out = np.zeros(n)
-        r = np.arange(n)
-        # Beyond the last point: t_last + tail * (x - b_last) <= T.
-        last_ok = t[:, -1] <= step_s
-        out[last_ok] = b[last_ok, -1] + (step_s - t[last_ok, -1]) / self.tail[last_ok]
-        # Inside: the last point with t <= T, then walk along the next segment.
-        inside = ~last_ok & (t[:, 0] <= step_s)
-        if inside.any():
-            bi, ti = b[inside], t[inside]
-            j = (ti <= step_s).sum(axis=1) - 1  # t is non-decreasing, so a prefix is <= T
-            ri = r[: len(bi)]
-            b0, b1, t0, t1 = bi[ri, j], bi[ri, j + 1], ti[ri, j], ti[ri, j + 1]
-            out[inside] = b0 + (b1 - b0) * (step_s - t0) / (t1 - t0)  # t1 > T >= t0
-        # Below the first point: along the first segment's line.
-        before = ~last_ok & ~inside
-        if before.any():
-            h = self.head[before]
+    @classmethod
+    def from_points(cls, points: np.ndarray) -> "_CurveSet":
+        """From an (N, K, 2) array of ``(local_batch, seconds)``; checks it like TimeCurve."""
+        arr = np.asarray(points, dtype=float)
+        b, t = arr[:, :, 0], arr[:, :, 1]
+        for name, bad, what in (
+                ("batch sizes", ~np.isfinite(b) | (b < 1) | (b != np.round(b)), "integers >= 1"),
+                ("step times", ~np.isfinite(t) | (t <= 0), "finite and > 0 seconds")):
+            if bad.any():
+                i, j = np.argwhere(bad)[0]
+                value = float(b[i, j] if name == "batch sizes" else t[i, j])
+                raise ValueError(f"rank {i}: time curve {name} must be {what}; got {value!r} "
+                                 f"in {arr[i].tolist()!r}")
+        order = np.argsort(b, axis=1, kind="stable")
+        b = np.take_along_axis(b, order, axis=1)
+        t = np.take_along_axis(t, order, axis=1)
+        n, k = b.shape
+        dup = (b[:, 1:] == b[:, :-1]).any(axis=1) if k > 1 else np.zeros(n, dtype=bool)
+        t = np.maximum.accumulate(t, axis=1)
+        if k >= 2:
+            last, prev = t[:, -1], t[:, -2]
             with np.errstate(divide="ignore", invalid="ignore"):
-                x = b[before, 0] - (t[before, 0] - step_s) / h
-            out[before] = np.where(h > 0, x, 0.0)
-        # Guard against the floor of x.999999 by a hair of floating-point error.
-        return np.floor(out + 1e-9)
+                tail = np.where(last > prev, (last - prev) / (b[:, -1] - b[:, -2]), last / b[:, -1])
+                head = (t[:, 1] - t[:, 0]) / (b[:, 1] - b[:, 0])
+        else:
+            tail = t[:, 0] / b[:, 0]
+            head = tail.copy()
+        npts = np.full(n, k, dtype=np.int64)
+        for i in np.flatnonzero(dup):  # repeated batches are averaged: the per-rank path
+            c = TimeCurve(arr[i])
+            m = len(c.batches)
+            b[i, :m], b[i, m:] = c.batches, c.batches[-1]
+            t[i, :m], t[i, m:] = c.times, c.times[-1]
+            head[i], tail[i], npts[i] = c.head_slope(), c.tail_slope(), m
+        return cls(b, t, head, tail, npts)
+
+    def points(self):
+        """Per rank, the monotone points as a tuple of ``(local_batch, seconds)`` tuples."""
+        k = self.b.shape[1]
+        bcols = self.b.astype(np.int64).T.tolist()
+        tcols = self.t.T.tolist()
+        # Built column by column in C (zip), then the short rows trimmed of their padding.
+        out = list(zip(*[zip(bcols[j], tcols[j]) for j in range(k)]))
+        for i in np.flatnonzero(self.npts < k).tolist():
+            out[i] = out[i][:self.npts[i]]
+        return tuple(out)
+
+    def samples_per_s(self) -> np.ndarray:
+        """Throughput at each rank's largest measured batch, in samples/s."""
+        return self.b[:, -1] / self.t[:, -1]
+
+    def time(self, batch: np.ndarray, rows: Optional[np.ndarray] = None) -> np.ndarray:
+        """Seconds per step of rank ``rows[j]`` (default: rank j) at ``batch[j]`` samples."""
+        x = np.asarray(batch, dtype=float)
+        if rows is None:
+            b, t, head, tail = self.b, self.t, self.head, self.tail
+        else:
+            b, t, head, tail = self.b[rows], self.t[rows], self.head[rows], self.tail[rows]
+        b0, t0, bl, tl = b[:, 0], t[:, 0], b[:, -1], t[:, -1]
+        out = np.where(x <= b0, np.maximum(0.0, t0 - head * (b0 - x)), 0.0)
+        k = b.shape[1]
+        if k > 1:
+            mid = (x > b0) & (x < bl)
+            if mid.any():
+                if k == 2:
+                    sb0, sb1, st0, st1 = b0, bl, t0, tl
+                else:
+                    j = np.clip((b <= x[:, None]).sum(axis=1) - 1, 0, k - 2)  # b[j] <= x < b[j+1]
+                    sb0, sb1, st0, st1 = _take(b, j), _take(b, j + 1), _take(t, j), _take(t, j + 1)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    out = np.where(mid, st0 + (st1 - st0) * (x - sb0) / (sb1 - sb0), out)
+        return np.where(x >= bl, tl + tail * (x - bl), out)
+
+    def max_batch(self, step_s: float, caps: np.ndarray) -> np.ndarray:
+        """n_i(T): the largest integer batch <= caps_i with t_i(b) <= T, per rank (0 if none).
+
+        The inverse of the piecewise-linear curve gives it to within rounding; it is then
+        checked against :meth:`time`, so it agrees exactly with the times it is compared to.
+        """
+        if step_s < 0:
+            return np.zeros(self.n, dtype=np.int64)
+        b, t = self.b, self.t
+        k = b.shape[1]
+        j = (t <= step_s).sum(axis=1) - 1  # t non-decreasing: the last point with t <= T
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            x = b[:, -1] + (step_s - t[:, -1]) / self.tail  # beyond the last point
+            if k == 2:
+                b0, b1, t0, t1 = b[:, 0], b[:, 1], t[:, 0], t[:, 1]
+                x = np.where(j < k - 1, b0 + (b1 - b0) * (step_s - t0) / (t1 - t0), x)
+            elif k > 2:
+                ji = np.clip(j, 0, k - 2)
+                b0, b1, t0, t1 = _take(b, ji), _take(b, ji + 1), _take(t, ji), _take(t, ji + 1)
+                x = np.where(j < k - 1, b0 + (b1 - b0) * (step_s - t0) / (t1 - t0), x)
+            before = np.where(self.head > 0, b[:, 0] - (t[:, 0] - step_s) / self.head, 0.0)
+            x = np.where(j < 0, before, x)
+        out = np.clip(np.floor(np.nan_to_num(x, nan=0.0, posinf=np.inf, neginf=0.0)), 0, caps)
+        out = out.astype(np.int64)
+        # Exact against time(): step up while b + 1 fits, down while b does not.
+        for _ in range(64):
+            up = (out < caps) & (self.time(out + 1) <= step_s)
+            if not up.any():
+                break
+            out += up
+        for _ in range(64):
+            down = (out > 0) & (self.time(out) > step_s)
+            if not down.any():
+                break
+            out -= down
+        return out
 
 
 def _check_rate(rate) -> float:
@@ -201,30 +320,97 @@ def as_curve(rate_or_curve: RateOrCurve) -> TimeCurve:
     return TimeCurve(rate_or_curve)
 
 
+_NUMBER_TYPES = (int, float, np.integer, np.floating)
+
+
+def _curve_set(rates_or_curves) -> _CurveSet:
+    """The rank entries as a :class:`_CurveSet`, vectorised where their form allows."""
+    if isinstance(rates_or_curves, np.ndarray) and rates_or_curves.dtype.kind in "iuf":
+        arr = rates_or_curves
+        if arr.ndim == 1 and len(arr):
+            rates = arr.astype(float)
+            bad = ~np.isfinite(rates) | (rates <= 0)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"rank {i}: throughput must be finite and > 0 samples/s; "
+                                 f"got {arr[i].item()!r}")
+            return _CurveSet.from_rates(rates)
+        if arr.ndim == 3 and arr.shape[0] and arr.shape[1] and arr.shape[2] == 2:
+            return _CurveSet.from_points(arr)
+        if arr.ndim not in (1, 3):
+            raise ValueError(
+                f"an array of ranks must have shape (N,) (samples/s) or (N, K, 2) (time curves); "
+                f"got shape {arr.shape}")
+    entries = list(rates_or_curves)
+    if not entries:
+        raise ValueError("rates_or_curves is empty: need one entry per rank")
+    if all(isinstance(e, _NUMBER_TYPES) and not isinstance(e, bool) for e in entries):
+        rates = np.array(entries, dtype=float)
+        return _curve_set(rates) if np.all(np.isfinite(rates) & (rates > 0)) else _per_rank(entries)
+    if all(isinstance(e, (list, tuple, np.ndarray)) for e in entries):
+        try:
+            arr = np.array(entries, dtype=float)
+        except (TypeError, ValueError):  # ragged or not numbers: the per-rank path says why
+            arr = None
+        if arr is not None and arr.ndim == 3 and arr.shape[1] and arr.shape[2] == 2:
+            return _CurveSet.from_points(arr)
+    return _per_rank(entries)
+
+
+def _per_rank(entries) -> _CurveSet:
+    curves = []
+    for i, entry in enumerate(entries):
+        try:
+            curves.append(as_curve(entry))
+        except ValueError as err:
+            raise ValueError(f"rank {i}: {err}") from None
+    return _CurveSet.from_curves(curves)
+
+
 def _check_caps(max_batch_sizes, world_size: int, global_batch_size: int) -> np.ndarray:
     if max_batch_sizes is None:
         return np.full(world_size, global_batch_size, dtype=np.int64)
-    caps = list(max_batch_sizes)
+    if isinstance(max_batch_sizes, np.ndarray) and max_batch_sizes.dtype.kind in "iu":
+        caps = max_batch_sizes.tolist()
+    else:
+        caps = list(max_batch_sizes)
     if len(caps) != world_size:
-        raise ValueError(
-            f"max_batch_sizes has {len(caps)} entries for {world_size} ranks: {max_batch_sizes!r}")
-    out = np.empty(world_size, dtype=np.int64)
-    for i, c in enumerate(caps):
-        if c is None:
-            out[i] = global_batch_size
-            continue
-        if isinstance(c, bool) or not float(c).is_integer() or c < 1:
-            raise ValueError(f"max_batch_sizes[{i}] must be an integer >= 1 or None; got {c!r}")
-        out[i] = min(int(c), global_batch_size)
+        shown = caps if len(caps) <= 16 else caps[:16] + ["..."]
+        raise ValueError(f"max_batch_sizes has {len(caps)} entries for {world_size} ranks: {shown!r}")
+    if all(type(c) is int for c in caps):
+        out = np.array(caps, dtype=np.int64)
+        bad = np.flatnonzero(out < 1)
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"max_batch_sizes[{i}] must be an integer >= 1 or None; got {caps[i]!r}")
+        np.minimum(out, global_batch_size, out=out)
+    else:
+        out = np.empty(world_size, dtype=np.int64)
+        for i, c in enumerate(caps):
+            if c is None:
+                out[i] = global_batch_size
+                continue
+            try:
+                ok = not isinstance(c, bool) and float(c).is_integer() and c >= 1
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok:
+                raise ValueError(f"max_batch_sizes[{i}] must be an integer >= 1 or None; got {c!r}")
+            out[i] = min(int(c), global_batch_size)
     if out.sum() < global_batch_size:
+        shown = caps if len(caps) <= 16 else caps[:16] + ["..."]
         raise ValueError(
-            f"the memory caps max_batch_sizes={list(caps)!r} add up to {int(out.sum())} samples, "
+            f"the memory caps max_batch_sizes={shown!r} add up to {int(out.sum())} samples, "
             f"less than the global batch {global_batch_size}: no plan fits")
     return out
 
 
 def _check_global_batch(global_batch_size, world_size: int) -> int:
-    if isinstance(global_batch_size, bool) or not float(global_batch_size).is_integer():
+    try:
+        ok = not isinstance(global_batch_size, bool) and float(global_batch_size).is_integer()
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
         raise ValueError(f"global_batch_size must be an integer; got {global_batch_size!r}")
     global_batch_size = int(global_batch_size)
     if global_batch_size < world_size:
@@ -234,52 +420,120 @@ def _check_global_batch(global_batch_size, world_size: int) -> int:
     return global_batch_size
 
 
-def solve_minmax(curves: Sequence[TimeCurve], global_batch_size: int, caps: np.ndarray) -> np.ndarray:
-    """Integer batches minimising the slowest rank's predicted step time (see module doc)."""
-    cs = _CurveSet(curves)
-    n = len(curves)
+def solve_minmax(curves, global_batch_size: int, caps: np.ndarray) -> np.ndarray:
+    """Integer batches minimising the slowest rank's predicted step time (see module doc).
+
+    Args:
+        curves: one :class:`TimeCurve` per rank (or the internal vectorised curve set).
+        global_batch_size: ``B`` in samples, at least the number of ranks.
+        caps: per-rank maximum local batch in samples, adding up to at least ``B``.
+
+    Returns:
+        An int64 array of local batches (samples) adding up to ``B``.
+
+    Example:
+        >>> solve_minmax([TimeCurve.from_rate(300.0), TimeCurve.from_rate(100.0)], 64,
+        ...              np.array([64, 64])).tolist()
+        [48, 16]
+    """
+    cs = curves if isinstance(curves, _CurveSet) else _CurveSet.from_curves(list(curves))
+    n = cs.n
     caps = np.asarray(caps, dtype=np.int64)
-    rows = np.arange(n)
+    target = int(global_batch_size) - n  # elements to take beyond every rank's first
+    if target <= 0:
+        return np.ones(n, dtype=np.int64)
 
-    def capacity(step_s):
-        return np.minimum(cs.max_batch(step_s), caps)
+    def kept(step_s):  # per rank, elements with time <= step_s, at least the first
+        return np.maximum(cs.max_batch(step_s, caps), 1)
 
-    lo = float(cs.time(rows, np.ones(n)).max())  # every rank must take >= 1 sample
-    hi = float(cs.time(rows, caps).max())        # every rank at its cap: sum(caps) >= B
-    if capacity(lo).sum() >= global_batch_size:
-        hi = lo
+    def count(k):
+        return int(k.sum()) - n
+
+    floor_s = float(cs.time(np.ones(n)).max())  # every rank takes one sample: T* >= this
+    k_floor = kept(floor_s)
+    if count(k_floor) >= target:
+        hi, k_hi = floor_s, k_floor
+        lo = 0.0 if count(kept(0.0)) < target else -1.0
+        k_lo = kept(lo)
     else:
-        hi = max(hi, lo)
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if mid <= lo or mid >= hi or hi - lo <= 1e-12 * hi:
-                break
-            if capacity(mid).sum() >= global_batch_size:
-                hi = mid
-            else:
-                lo = mid
-    batches = capacity(hi).astype(np.int64)
-    batches = np.maximum(batches, 1)
-    surplus = int(batches.sum() - global_batch_size)
-    if surplus > 0:
-        # Take samples back from the ranks with the largest predicted time (ties: highest rank).
-        times = cs.time(rows, batches)
-        heap = [(-times[i], -i) for i in range(n) if batches[i] > 1]
-        heapq.heapify(heap)
-        while surplus > 0:
-            _, neg_i = heapq.heappop(heap)
-            i = -neg_i
-            batches[i] -= 1
-            surplus -= 1
-            if batches[i] > 1:
-                heapq.heappush(heap, (-float(cs.time(np.array([i]), np.array([batches[i]]))[0]), neg_i))
-    return batches
+        lo, k_lo = floor_s, k_floor
+        hi = float(cs.time(caps).max())
+        k_hi = kept(hi)
+    c_lo, c_hi = count(k_lo), count(k_hi)
+    m_enum = max(n, 1024)
+    g_lo, g_hi = c_lo - target + 0.5, c_hi - target + 0.5  # g < 0 at lo, > 0 at hi
+    side, stale, width = 0, 0, hi - lo
+    for _ in range(_SEARCH_MAX_STEPS):
+        if c_hi - c_lo <= m_enum:
+            break
+        mid = lo + (hi - lo) * (-g_lo / (g_hi - g_lo))
+        if stale >= 3 or not lo < mid < hi:
+            mid = lo + 0.5 * (hi - lo)
+            if not lo < mid < hi:
+                break  # no float between: every element in (lo, hi] has time hi
+        k_mid = kept(mid)
+        c_mid = count(k_mid)
+        if c_mid >= target:
+            hi, k_hi, c_hi, g_hi = mid, k_mid, c_mid, c_mid - target + 0.5
+            if side == 1:
+                g_lo *= 0.5
+            side = 1
+        else:
+            lo, k_lo, c_lo, g_lo = mid, k_mid, c_mid, c_mid - target + 0.5
+            if side == -1:
+                g_hi *= 0.5
+            side = -1
+        if hi - lo <= 0.5 * width:
+            stale, width = 0, hi - lo
+        else:
+            stale += 1
+    need = target - c_lo
+    extra = k_hi - k_lo  # per rank, elements with time in (lo, hi]
+    adjacent = not lo < lo + 0.5 * (hi - lo) < hi
+    if c_hi - c_lo <= m_enum or not adjacent:  # (the second only if the search ran out)
+        rows = np.repeat(np.arange(n), extra)
+        first = np.cumsum(extra) - extra
+        batch = k_lo[rows] + 1 + (np.arange(len(rows)) - first[rows])
+        order = np.lexsort((rows, batch, cs.time(batch, rows)))  # by time, batch, rank
+        take = np.bincount(rows[order[:need]], minlength=n)
+    else:
+        take = _deal(k_lo, k_hi, need)  # all have time hi: by batch, then rank
+    return k_lo + take
+
+
+def _deal(start: np.ndarray, stop: np.ndarray, need: int) -> np.ndarray:
+    """Per rank, how many of the elements ``start_i < b <= stop_i`` are among the ``need``
+    first in the order (b, rank): samples dealt round-robin, lowest rank first.
+
+    Example:
+        >>> _deal(np.array([1, 1, 3]), np.array([5, 5, 5]), 7).tolist()
+        [3, 3, 1]
+    """
+    lo, hi = int(start.min()), int(stop.max())  # the level L: fewest with b <= L >= need
+
+    def upto(level):
+        return np.clip(level - start, 0, stop - start)
+
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if int(upto(mid).sum()) >= need:
+            hi = mid
+        else:
+            lo = mid
+    take = upto(hi - 1)
+    at_level = np.flatnonzero((start < hi) & (hi <= stop))  # ranks with an element b = hi
+    take[at_level[:need - int(take.sum())]] += 1
+    return take
 
 
 def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
     """Integers proportional to ``shares`` that add up to ``total`` (Hamilton's method).
 
     Ties in the remainders go to the lower rank, so the result is deterministic.
+
+    Example:
+        >>> largest_remainder(np.array([1.0, 1.0, 2.0]), 10).tolist()
+        [3, 2, 5]
     """
     shares = np.asarray(shares, dtype=float)
     exact = shares / shares.sum() * total
@@ -290,35 +544,83 @@ def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
+def _proportional_scale(rates: np.ndarray, total: int, caps: np.ndarray) -> float:
+    """``lam`` with ``sum_i clip(lam r_i, 1, m_i) = total``.
+
+    The sum is continuous, non-decreasing and linear between the breakpoints ``1 / r_i``
+    and ``m_i / r_i``: a binary search over the sorted breakpoints (O(N) per step, O(log N)
+    steps) finds the segment, and the root is interpolated on it.
+    """
+    def filled(lam):
+        return float(np.clip(lam * rates, 1, caps).sum())
+
+    points = np.unique(np.concatenate([1.0 / rates, caps / rates]))
+    lo, hi = 0, len(points) - 1  # filled(points[0]) = N <= total <= sum(caps) = filled(points[-1])
+    s_lo, s_hi = filled(points[lo]), filled(points[hi])
+    if s_lo >= total:
+        return float(points[lo])
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        s_mid = filled(points[mid])
+        if s_mid < total:
+            lo, s_lo = mid, s_mid
+        else:
+            hi, s_hi = mid, s_mid
+    return float(points[lo] + (points[hi] - points[lo]) * (total - s_lo) / (s_hi - s_lo))
+
+
 def solve_proportional(rates: np.ndarray, global_batch_size: int, caps: np.ndarray) -> np.ndarray:
-    """The paper's rule: b_i proportional to throughput, >= 1, capped, summing to B."""
-    n = len(rates)
-    batches = np.ones(n, dtype=np.int64)
-    free = np.ones(n, dtype=bool)
-    remaining = global_batch_size - n
-    # Water-filling: ranks that would exceed their cap are fixed at it, the rest re-divided.
+    """The paper's rule: b_i proportional to throughput, >= 1, capped, summing to B.
+
+    ``b_i = clip(lam r_i, 1, m_i)`` with ``lam`` making them add up to ``B``; the ranks
+    strictly between the bounds share what the others leave by largest remainder, so
+    without bounds in play this is exactly ``largest_remainder(rates, B)``.
+
+    Example:
+        >>> solve_proportional(np.array([1.0, 1.0, 2.0]), 10, np.array([10, 10, 10])).tolist()
+        [3, 2, 5]
+    """
+    rates = np.asarray(rates, dtype=float)
+    caps = np.asarray(caps, dtype=np.int64)
+    total = int(global_batch_size)
+    lam = _proportional_scale(rates, total, caps)
+    share = lam * rates
+    batches = np.ones(len(rates), dtype=np.int64)
+    upper = (share >= caps) & (share > 1)
+    batches[upper] = caps[upper]
+    free = (share > 1) & ~upper
+    # Water-filling: a share that rounding pushes out of [1, cap] is fixed there and the
+    # rest re-divided (rare: only shares within rounding error of a bound).
     while True:
-        extra = np.zeros(n, dtype=np.int64)
-        extra[free] = largest_remainder(rates[free], remaining) if remaining else 0
-        over = free & (batches + extra > caps)
-        if not over.any():
-            return batches + extra
-        remaining -= int((caps[over] - batches[over]).sum())
-        batches[over] = caps[over]
-        free &= ~over
+        remaining = total - int(batches[~free].sum())
+        if not free.any():
+            break
+        extra = largest_remainder(rates[free], remaining)
+        low, over = extra < 1, extra > caps[free]
+        if not low.any() and not over.any():
+            batches[free] = extra
+            break
+        idx = np.flatnonzero(free)
+        fix = idx[low | over]
+        batches[fix] = np.where(low, 1, caps[free])[low | over]
+        free[fix] = False
+    return batches
 
 
-def plan_batches(rates_or_curves: Sequence[RateOrCurve], global_batch_size: int,
+def plan_batches(rates_or_curves, global_batch_size: int,
                  max_batch_sizes: Optional[Sequence[Optional[int]]] = None,
                  method: str = "minmax", **plan_info) -> Plan:
     """Plan each rank's local batch so that all ranks finish a step together.
 
     Args:
         rates_or_curves: one entry per rank: a throughput in samples/s, or a time curve
-            ``[(local_batch, seconds_per_step), ...]``, or a :class:`TimeCurve`.
+            ``[(local_batch, seconds_per_step), ...]``, or a :class:`TimeCurve`. For many
+            ranks pass a numpy array instead: shape ``(N,)`` of samples/s, or ``(N, K, 2)``
+            of ``(local_batch, seconds_per_step)`` points; it is checked and planned without
+            a per-rank Python loop (a list of equal-length curves is converted to one).
         global_batch_size: ``B``, the samples in one synchronous step over all ranks.
-        max_batch_sizes: optional per-rank cap on the local batch (memory); ``None`` or a
-            ``None`` entry means no cap.
+        max_batch_sizes: optional per-rank cap on the local batch (memory) in samples;
+            ``None`` or a ``None`` entry means no cap.
         method: ``"minmax"`` (minimise the slowest rank's predicted step time over the
             curves) or ``"proportional"`` (the paper's rule, throughput at the largest
             measured batch).
@@ -329,42 +631,66 @@ def plan_batches(rates_or_curves: Sequence[RateOrCurve], global_batch_size: int,
 
     Raises:
         ValueError: naming the bad value, for a global batch smaller than the number of
-            ranks, caps that add up to less than ``B``, or a throughput or time that is
+            ranks, caps that add up to less than ``B`` or are not integers >= 1, a wrong
+            number of caps, an unknown method, or a throughput, time or batch size that is
             zero, negative or not finite.
 
     Example:
         >>> plan_batches([300.0, 100.0], 64).batch_sizes
         (48, 16)
         >>> plan_batches([[(8, 0.05), (32, 0.08)], [(8, 0.02), (32, 0.08)]], 40).batch_sizes
-        (20, 20)
+        (16, 24)
+        >>> plan_batches([300.0, 100.0], 64, method="proportional").batch_sizes
+        (48, 16)
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-    entries = list(rates_or_curves)
-    if not entries:
-        raise ValueError("rates_or_curves is empty: need one entry per rank")
-    curves = []
-    for i, entry in enumerate(entries):
-        try:
-            curves.append(as_curve(entry))
-        except ValueError as err:
-            raise ValueError(f"rank {i}: {err}") from None
-    n = len(curves)
+    cs = _curve_set(rates_or_curves)
+    n = cs.n
     global_batch_size = _check_global_batch(global_batch_size, n)
     caps = _check_caps(max_batch_sizes, n, global_batch_size)
     if method == "minmax":
-        batches = solve_minmax(curves, global_batch_size, caps)
+        batches = solve_minmax(cs, global_batch_size, caps)
     else:
-        rates = np.array([c.samples_per_s() for c in curves])
-        batches = solve_proportional(rates, global_batch_size, caps)
-    predicted = _CurveSet(curves).time(np.arange(n), batches)
+        batches = solve_proportional(cs.samples_per_s(), global_batch_size, caps)
+    predicted = cs.time(batches)
+    if max_batch_sizes is not None:
+        given = (max_batch_sizes.tolist() if isinstance(max_batch_sizes, np.ndarray)
+                 else list(max_batch_sizes))
+        max_batch_sizes = tuple(None if c is None else int(c) for c in given)
     return Plan(
-        batch_sizes=tuple(int(b) for b in batches),
+        batch_sizes=tuple(batches.tolist()),
         global_batch_size=global_batch_size,
         method=method,
-        curves=tuple(tuple(c.points) for c in curves),
-        max_batch_sizes=None if max_batch_sizes is None else tuple(
-            None if c is None else int(c) for c in max_batch_sizes),
-        predicted_step_s=tuple(float(t) for t in predicted),
+        curves=cs.points(),
+        max_batch_sizes=max_batch_sizes,
+        predicted_step_s=tuple(predicted.tolist()),
         **plan_info,
     )
+
+
+def predict_step_s(rates_or_curves, local_batches) -> np.ndarray:
+    """Predicted seconds per step of each rank at its local batch, by the planner's model.
+
+    Args:
+        rates_or_curves: as for :func:`plan_batches` (a list, or an ``(N,)`` or
+            ``(N, K, 2)`` array).
+        local_batches: one local batch per rank, in samples.
+
+    Returns:
+        A float array of N predicted step times in seconds.
+
+    Example:
+        >>> predict_step_s([100.0, [(8, 0.05), (32, 0.08)]], [10, 16]).round(6).tolist()
+        [0.1, 0.06]
+    """
+    cs = _curve_set(rates_or_curves)
+    batches = np.asarray(local_batches, dtype=float).reshape(-1)
+    if len(batches) != cs.n:
+        raise ValueError(f"local_batches has {len(batches)} entries for {cs.n} ranks")
+    bad = ~np.isfinite(batches) | (batches < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"local_batches[{i}] must be a finite number of samples >= 0; "
+                         f"got {float(batches[i])!r}")
+    return cs.time(batches)
