@@ -501,6 +501,28 @@ def solve_minmax(curves, global_batch_size: int, caps: np.ndarray) -> np.ndarray
     return k_lo + take
 
 
+def share_slack(cs: "_CurveSet", batches: np.ndarray, global_batch_size: int,
+                caps: np.ndarray) -> np.ndarray:
+    """Among the plans with the same slowest step as ``batches``, one that leaves every rank
+    the same share of slack.
+
+    When the slowest rank's time hardly depends on its batch (a flat, overhead-bound curve),
+    many plans tie for the optimum, and the search's tie-break can leave that rank a single
+    sample. Here each rank's capacity at the optimal step time ``T*`` is ``n_i(T*)``, and the
+    batches are made proportional to it (the paper's rule over capacities, capped by them),
+    so no rank's predicted time exceeds ``T*`` and the work is spread evenly. O(N K).
+
+    Example:
+        >>> flat = [[(8, 0.004), (64, 0.004)], [(8, 0.0005), (64, 0.004)]]
+        >>> plan_batches(flat, 64).batch_sizes   # rank 0 costs 4 ms whatever its batch
+        (32, 32)
+    """
+    makespan = float(cs.time(batches).max())
+    capacity = np.maximum(np.minimum(cs.max_batch(makespan, caps), caps), batches)
+    spread = solve_proportional(capacity.astype(float), global_batch_size, capacity)
+    return spread if float(cs.time(spread).max()) <= makespan else batches
+
+
 def _deal(start: np.ndarray, stop: np.ndarray, need: int) -> np.ndarray:
     """Per rank, how many of the elements ``start_i < b <= stop_i`` are among the ``need``
     first in the order (b, rank): samples dealt round-robin, lowest rank first.
@@ -650,7 +672,7 @@ def plan_batches(rates_or_curves, global_batch_size: int,
     global_batch_size = _check_global_batch(global_batch_size, n)
     caps = _check_caps(max_batch_sizes, n, global_batch_size)
     if method == "minmax":
-        batches = solve_minmax(cs, global_batch_size, caps)
+        batches = share_slack(cs, solve_minmax(cs, global_batch_size, caps), global_batch_size, caps)
     else:
         batches = solve_proportional(cs.samples_per_s(), global_batch_size, caps)
     predicted = cs.time(batches)
