@@ -14,14 +14,19 @@ from .planner import TimeCurve, plan_batches
 
 __version__ = "0.1.0"
 
+from .devices import DeviceAssignment, pin_devices
+from .memory import probe_max_batch, resolve_max_batch_sizes
+
 _LAZY = {
     "BalancedData": "data",
     "DistributedOptimizer": "optimizer",
     "LoadBalancer": "load_balancer",
     "WeightedMetricAverage": "metric_average",
+    "StepTelemetry": "telemetry",
 }
 
-__all__ = ["Plan", "PlanMismatchError", "TimeCurve", "plan_batches", *_LAZY]
+__all__ = ["Plan", "PlanMismatchError", "TimeCurve", "plan_batches", "pin_devices",
+           "DeviceAssignment", "probe_max_batch", "resolve_max_batch_sizes", *_LAZY]
 
 
 def __getattr__(name):

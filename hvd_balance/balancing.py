@@ -18,6 +18,8 @@ import tensorflow as tf
 from . import collective
 from .benchmark import candidate_batches, measure_curve
 from .data import BalancedData
+from .devices import current_device
+from .memory import probe_max_batch, resolve_max_batch_sizes
 from .optimizer import gradient_weight_of
 from .plan import Plan
 from .planner import plan_batches, solve_proportional
@@ -26,7 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def describe_device() -> str:
-    """A short name for this rank's device: ``gpu:<name>`` or ``cpu`` (with an emulated share)."""
+    """This rank's device for the plan table: the label :func:`hvd_balance.pin_devices`
+    gave it, else ``gpu:<name>`` or ``cpu`` (with an emulated CPU share)."""
+    pinned = current_device()
+    if pinned is not None:
+        return pinned.label
     gpus = tf.config.get_visible_devices("GPU")
     if gpus:
         try:
@@ -55,12 +61,22 @@ def check_consistent(name: str, **values: Any) -> None:
         raise ValueError("; ".join(problems))
 
 
-def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size: Optional[int] = None,
+def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
                  batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5) -> Dict[str, Any]:
-    """This rank's time curve and facts for planning (runs no collective)."""
-    if batch_sizes is None:
-        batch_sizes = candidate_batches(data.global_batch_size, data.world_size, max_batch_size)
+    """This rank's time curve and facts for planning (runs no collective).
+
+    ``max_batch_size`` is this rank's cap in samples, ``"probe"`` to find it by trying
+    (:func:`hvd_balance.memory.probe_max_batch`), or a per-rank list / per-device mapping
+    that rank 0 resolves over every rank's device.
+    """
     sample = next(iter(data.take(1)))
+    if max_batch_size == "probe":
+        x, y = sample if isinstance(sample, tuple) else (sample, None)
+        probed = probe_max_batch(model, x, y, limit=2 * data.global_batch_size)
+        max_batch_size = probed if probed < data.global_batch_size else None
+    own_cap = max_batch_size if isinstance(max_batch_size, int) else None
+    if batch_sizes is None:
+        batch_sizes = candidate_batches(data.global_batch_size, data.world_size, own_cap)
     curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats)
     return {"curve": curve, "max_batch_size": max_batch_size, "host": collective.hostname(),
             "device": describe_device(), "benchmark_s": seconds}
@@ -68,18 +84,27 @@ def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size: Opti
 
 def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size: int,
                            method: str = "minmax") -> Plan:
-    """The plan for gathered :func:`measure_rank` results (pure; runs on rank 0)."""
-    caps = [m["max_batch_size"] for m in measurements]
+    """The plan for gathered :func:`measure_rank` results (pure; runs on rank 0).
+
+    Each rank's ``max_batch_size`` is its own cap (an int or ``None``), or the same per-rank
+    list or per-device mapping on every rank (resolved here over the gathered devices).
+    """
+    devices = [m["device"] for m in measurements]
+    specs = [m["max_batch_size"] for m in measurements]
+    if any(isinstance(c, (list, tuple, dict)) for c in specs):
+        caps = resolve_max_batch_sizes(specs[0], devices, len(measurements), global_batch_size)
+    else:
+        caps = None if all(c is None for c in specs) else specs
     plan = plan_batches([m["curve"] for m in measurements], global_batch_size,
-                        max_batch_sizes=None if all(c is None for c in caps) else caps,
+                        max_batch_sizes=caps,
                         method=method, hosts=tuple(m["host"] for m in measurements),
-                        devices=tuple(m["device"] for m in measurements),
+                        devices=tuple(devices),
                         benchmark_s=max(m["benchmark_s"] for m in measurements))
     return plan
 
 
 def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = "minmax",
-                       max_batch_size: Optional[int] = None, batch_sizes=None,
+                       max_batch_size=None, batch_sizes=None,
                        repeats: int = 5) -> Plan:
     """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks."""
     mine = collective.all_ok(
@@ -92,7 +117,10 @@ def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = 
 
 
 def resolve_given_plan(plan, data: BalancedData) -> Plan:
-    """A given plan (a :class:`Plan`, a dict, or a YAML path) checked against the job on all ranks."""
+    """A given plan (a :class:`Plan`, a dict, or a YAML path) checked against the job on all
+    ranks: world size, global batch, and the hosts in rank order when the plan records them."""
+    hosts = collective.allgather_object(collective.hostname(), name="hvd_balance.hosts")
+
     def load():
         if isinstance(plan, Plan):
             p = plan
@@ -102,7 +130,7 @@ def resolve_given_plan(plan, data: BalancedData) -> Plan:
             p = Plan.load(plan)
         else:
             raise TypeError(f"plan must be a Plan, a dict or a path; got {type(plan).__name__}")
-        return p.check(data.world_size, data.global_batch_size)
+        return p.check(data.world_size, data.global_batch_size, hosts=hosts)
     return collective.all_ok(load, name="hvd_balance.given_plan")
 
 

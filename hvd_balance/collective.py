@@ -9,7 +9,6 @@ hang: the rank that fails still joins the collective, carrying its error message
 
 from __future__ import annotations
 
-import socket
 from typing import Any, Callable, List, TypeVar
 
 T = TypeVar("T")
@@ -43,7 +42,9 @@ def size() -> int:
 
 
 def hostname() -> str:
-    return socket.gethostname()
+    """This host's name as the launcher knows it (``HOROVOD_HOSTNAME``), else the system's."""
+    from .devices import host_name
+    return host_name()
 
 
 def allgather_object(value: Any, name: str) -> List[Any]:

@@ -1,18 +1,25 @@
-"""LoadBalancer: the Keras callback that benchmarks the ranks and applies a balanced plan."""
+"""LoadBalancer: the Keras callback that benchmarks the ranks, applies a balanced plan, and
+re-plans when the measured speeds drift."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from . import balancing, collective
 from .data import BalancedData
+from .optimizer import gradient_weight_of, telemetry_of
 from .plan import Plan
+from .rebalance import Decision, balance_efficiency, decide, robust_busy
 
 log = logging.getLogger(__name__)
+
+PLAN_ENV = "HVD_BALANCE_PLAN"
+MIN_SAMPLES = 5  # timed steps per rank below which a window is too short to re-plan from
 
 
 class LoadBalancer(tf.keras.callbacks.Callback):
@@ -22,26 +29,43 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     ``plan``), the curves are gathered, rank 0 plans and broadcasts, and every rank applies
     the plan: its local batch to ``data`` (and ``validation_data``) and its gradient weight
     ``b_i / B`` to the model's :func:`hvd_balance.DistributedOptimizer`. The global batch and
-    the steps per epoch do not change. Rank 0 logs the plan table.
+    the steps per epoch do not change. Rank 0 prints the plan table.
+
+    During training, the optimizer's telemetry gives every rank's busy time per step. At
+    every epoch end the callback gathers it and adds to the logs (so ``CSVLogger`` and
+    TensorBoard see them): ``balance_efficiency`` (mean over ranks of busy time / the
+    largest), and for every rank ``rank{i}_busy_ms`` (median per step), ``rank{i}_wait_ms``
+    (mean per step) and ``rank{i}_local_batch``. With ``rebalance`` on, the curves are corrected by the measured
+    times and a new plan is adopted on every rank at the same step boundary when it is
+    predicted to be faster by more than ``threshold``.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
         plan: optional :class:`Plan`, plan dict or YAML path to use instead of
-            benchmarking (checked against the job's world size and global batch).
+            benchmarking (checked against the job's world size, global batch and hosts).
+            Default: the path in ``$HVD_BALANCE_PLAN`` if set.
         validation_data: optional :class:`BalancedData` passed to ``fit`` as
             ``validation_data``; sharded in the same proportions.
         method: ``"minmax"`` (equal finish time over measured curves, default) or
             ``"proportional"`` (the paper's rule).
-        max_batch_size: this rank's cap on the local batch (memory), in samples; may differ
-            per rank.
+        max_batch_size: memory cap on the local batch, in samples: this rank's cap (an int,
+            may differ per rank), ``"probe"`` (find it by trying), or the same per-rank list
+            or per-device mapping (``{"gpu": 512, "cpu": 64}``) on every rank.
         benchmark_batches: local batch sizes to time (default: around ``B / N``).
         repeats: timed repeats per batch size (median kept); the benchmark makes
             ``len(benchmark_batches) * (repeats + 2)`` step calls, its cost in seconds is
             ``plan.benchmark_s``.
-        verbose: 1 prints the plan table on rank 0, 0 is silent.
+        rebalance: ``"off"`` (default), ``"epoch"`` (re-plan at every epoch end), or an int
+            ``K``: re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
+            dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.
+        threshold: minimum predicted gain (fraction of the step time) to change the plan.
+        save_plan: optional YAML path where rank 0 writes the plan (again after each change).
+        verbose: 1 prints the plan table on rank 0 (and each re-plan), 0 is silent.
 
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
+        history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
+            batch_sizes), identical on every rank.
 
     Example:
         ```python
@@ -50,46 +74,176 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                       loss="sparse_categorical_crossentropy")
         model.fit(data, epochs=10, callbacks=[
             hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-            hvd_balance.LoadBalancer(data)])
+            hvd_balance.LoadBalancer(data, rebalance="epoch")])
         ```
     """
 
     def __init__(self, data: BalancedData, plan: Union[Plan, dict, str, None] = None, *,
                  validation_data: Optional[BalancedData] = None, method: str = "minmax",
-                 max_batch_size: Optional[int] = None,
-                 benchmark_batches: Optional[Sequence[int]] = None, repeats: int = 5,
-                 verbose: int = 1):
+                 max_batch_size=None, benchmark_batches: Optional[Sequence[int]] = None,
+                 repeats: int = 5, rebalance: Union[str, int] = "off", threshold: float = 0.03,
+                 save_plan: Optional[str] = None, verbose: int = 1):
         super().__init__()
         if not isinstance(data, BalancedData):
             raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
+        if rebalance not in ("off", "epoch") and not (isinstance(rebalance, int) and rebalance >= 1):
+            raise ValueError(f"rebalance must be 'off', 'epoch' or a number of steps >= 1; got {rebalance!r}")
+        if isinstance(rebalance, int) and rebalance % data.segment_steps:
+            raise ValueError(
+                f"rebalance={rebalance} steps needs a data set whose plan can change every "
+                f"{rebalance} steps: build BalancedData with segment_steps dividing {rebalance} "
+                f"(it has segment_steps={data.segment_steps})")
         self.data = data
-        self.given_plan = plan
+        self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
         self.validation_data = validation_data
         self.method = method
         self.max_batch_size = max_batch_size
         self.benchmark_batches = benchmark_batches
         self.repeats = repeats
+        self.rebalance = rebalance
+        self.threshold = threshold
+        self.save_plan = save_plan
         self.verbose = verbose
         self.plan: Optional[Plan] = None
+        self.history: List[dict] = []
+        self._last: List[Dict[str, float]] = []
 
+    # -- train begin: the first plan ------------------------------------------------------
     def on_train_begin(self, logs=None):
         data = self.data
+        self.history, self._last, self._pending, self._previous = [], [], {}, None
+        self._pooled, self.plan = [], None
+        self._epoch = data.epoch
         balancing.check_consistent(
             "hvd_balance.check_job", world_size=data.world_size,
             global_batch_size=data.global_batch_size, seed=data.seed, num_samples=data.num_samples,
-            steps=data.steps, parameters=int(sum(int(tf.size(v)) for v in self.model.trainable_variables)))
+            steps=data.steps, rebalance=self.rebalance,
+            parameters=int(sum(int(tf.size(v)) for v in self.model.trainable_variables)))
         if self.given_plan is not None:
             plan = balancing.resolve_given_plan(self.given_plan, data)
         else:
             plan = balancing.benchmark_and_plan(
                 self.model, data, method=self.method, max_batch_size=self.max_batch_size,
                 batch_sizes=self.benchmark_batches, repeats=self.repeats)
-        collective.all_ok(lambda: balancing.apply_plan(plan, data, self.model.optimizer,
-                                                       self.validation_data),
-                          name="hvd_balance.apply_plan")
-        self.plan = plan
+        self._apply(plan)
         if self.verbose and collective.rank() == 0:
             print(plan.table(), file=sys.stdout, flush=True)
+        telemetry = telemetry_of(self.model.optimizer)
+        if telemetry is not None:
+            telemetry.reset()
+        elif self.rebalance != "off":
+            raise TypeError("rebalancing needs the step telemetry of hvd_balance.DistributedOptimizer; "
+                            f"the model's optimizer is {type(self.model.optimizer).__name__}")
+
+    def _apply(self, plan: Plan, step: int = 0) -> None:
+        """Apply ``plan`` to the data from ``step`` of the current epoch; the weight now
+        (``step == 0``) or when training reaches ``step``."""
+        if step == 0:
+            collective.all_ok(lambda: balancing.apply_plan(plan, self.data, self.model.optimizer,
+                                                           self.validation_data),
+                              name="hvd_balance.apply_plan")
+        else:  # takes effect in on_train_batch_begin
+            self.data.set_plan(plan, step=step)
+            self._pending[step] = plan
+            return
+        self._in_force(plan)
+
+    def _in_force(self, plan: Plan) -> None:
+        if self.plan is None or plan.batch_sizes != self.plan.batch_sizes:
+            self._pooled = []
+        self.plan = plan
+        if self.save_plan and collective.rank() == 0:
+            plan.save(self.save_plan)
+
+    # -- telemetry ----------------------------------------------------------------------------
+    def telemetry(self) -> List[Dict[str, float]]:
+        """Per rank, the last window's ``busy_s`` (median per step), ``busy_rse`` (its relative
+        standard error), ``wait_s`` (mean per step) and ``local_batch``."""
+        return list(self._last)
+
+    def _gather_window(self) -> List[Dict[str, float]]:
+        """Every rank's mean busy and wait seconds per step since the last read (a collective)."""
+        telemetry = telemetry_of(self.model.optimizer)
+        raw = telemetry.read() if telemetry is not None else {}
+        samples = raw.get("busy_samples", [])
+        busy, noise = robust_busy(samples)
+        # All samples since the batches last changed: a weak but steady imbalance shows there.
+        self._pooled = (self._pooled + samples)[-8192:]
+        pooled, pooled_noise = robust_busy(self._pooled)
+        mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
+                "pooled_busy_rse": pooled_noise,
+                "wait_s": raw["wait_s"] / raw["steps"] if raw.get("steps") else None,
+                "local_batch": self.plan.batch_sizes[self.data.rank]}
+        self._last = collective.allgather_object(mine, name="hvd_balance.telemetry")
+        return self._last
+
+    def _replan(self, window, step: int) -> None:
+        busy = [w["busy_s"] for w in window]
+        record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
+                  "changed": False, "batch_sizes": list(self.plan.batch_sizes),
+                  "busy_ms": [None if b is None else 1e3 * b for b in busy],
+                  "busy_rse": [w["busy_rse"] for w in window]}
+        if all(b is not None and b > 0 for b in busy):
+            record["efficiency"] = balance_efficiency(busy)
+            if self.rebalance != "off" and min(w["busy_n"] for w in window) >= MIN_SAMPLES:
+                decision = collective.agree(lambda: self._decide(window),
+                                            name="hvd_balance.rebalance")
+                self._previous = [(w["local_batch"], w["busy_s"]) for w in window]
+                record.update(gain=decision.gain, changed=decision.changed,
+                              batch_sizes=list(decision.plan.batch_sizes))
+                self._apply(decision.plan, step)
+                if decision.changed and self.verbose and collective.rank() == 0:
+                    print(f"hvd_balance: epoch {self._epoch} step {step}: efficiency "
+                          f"{decision.efficiency:.3f}, re-planned for a predicted "
+                          f"{100 * decision.gain:.1f}% shorter step: "
+                          f"{list(decision.plan.batch_sizes)}", file=sys.stdout, flush=True)
+        self.history.append(record)
+
+    def _decide(self, window) -> Decision:
+        """On rank 0: re-plan from the last window, or, failing a clear gain there, from all
+        samples since the batches last changed (smaller error, same batches)."""
+        busy = [w["busy_s"] for w in window]
+        noise = [w["busy_rse"] for w in window]
+        decision = decide(self.plan, busy, self.threshold, self.method, noise, self._previous)
+        pooled = [w["pooled_busy_s"] for w in window]
+        if not decision.changed and all(p is not None and p > 0 for p in pooled):
+            again = decide(self.plan, pooled, self.threshold, self.method,
+                           [w["pooled_busy_rse"] for w in window])
+            if again.changed:
+                return again
+        return decision
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        plan = self._pending.pop(batch, None)
+        if plan is not None:
+            weight = gradient_weight_of(self.model.optimizer)
+            if weight is not None:
+                weight.set(plan.weights[self.data.rank])
+            self._in_force(plan)
+
+    def on_train_batch_end(self, batch, logs=None):
+        k = self.rebalance
+        if not isinstance(k, int) or (batch + 1) % k:
+            return
+        effective = batch + 1 + k
+        if effective < self.data.steps:
+            self._replan(self._gather_window(), effective)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._pending.clear()
         self.data.set_epoch(epoch + 1)
+        window = self._gather_window()
+        self._replan(window, 0)
+        if logs is not None:
+            if self.history[-1]["efficiency"] is not None:
+                logs["balance_efficiency"] = self.history[-1]["efficiency"]
+            for i, w in enumerate(window):
+                if w["busy_s"] is not None:
+                    logs[f"rank{i}_busy_ms"] = 1e3 * w["busy_s"]
+                if w["wait_s"] is not None:
+                    logs[f"rank{i}_wait_ms"] = 1e3 * w["wait_s"]
+                logs[f"rank{i}_local_batch"] = w["local_batch"]

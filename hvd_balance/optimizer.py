@@ -21,6 +21,7 @@ from typing import Optional
 import tensorflow as tf
 
 from . import collective
+from .telemetry import StepTelemetry
 
 
 class GradientWeight:
@@ -61,7 +62,8 @@ def _is_keras_optimizer(optimizer) -> bool:
     return isinstance(optimizer, tuple(kinds))
 
 
-def DistributedOptimizer(optimizer, name: Optional[str] = None, **horovod_kwargs):
+def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool = True,
+                         **horovod_kwargs):
     """Wrap a Keras optimizer so each rank's gradient counts in proportion to its batch.
 
     Drop-in for ``horovod.tensorflow.keras.DistributedOptimizer``: every keyword of it is
@@ -73,6 +75,10 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, **horovod_kwargs
     Args:
         optimizer: a ``tf.keras`` optimizer (new or legacy).
         name: optional name prefix for the allreduce ops.
+        telemetry: time every step's busy and wait seconds on this rank
+            (``optimizer.telemetry``, a :class:`~hvd_balance.telemetry.StepTelemetry`: two
+            timestamps around the allreduce per step, read by the load balancer every few
+            steps).
         **horovod_kwargs: passed to Horovod's ``DistributedOptimizer``.
 
     Returns:
@@ -109,24 +115,38 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, **horovod_kwargs
 
     distributed = hvd.DistributedOptimizer(optimizer, name=name, op=hvd.Sum, **horovod_kwargs)
     weight = GradientWeight(1.0 / collective.size())
+    timer = StepTelemetry() if telemetry else None
     # Horovod calls self._allreduce_grads(grads, vars) for every allreduce it makes (and its
     # gradient-aggregation helper keeps its own reference): scale just before that call.
     reduce_sum = distributed._allreduce_grads
 
     def weighted_allreduce(grads, variables):
-        return reduce_sum([weight.scale(g) for g in grads], variables)
+        if timer is None:
+            return reduce_sum([weight.scale(g) for g in grads], variables)
+        grads = timer.mark_ready(grads)
+        return timer.mark_end(reduce_sum([weight.scale(g) for g in grads], variables))
 
     distributed._allreduce_grads = weighted_allreduce
     if getattr(distributed, "_agg_helper", None) is not None:
         distributed._agg_helper.allreduce_grads = weighted_allreduce
     distributed.gradient_weight = weight
+    distributed.telemetry = timer
     return distributed
+
+
+def _attribute(optimizer, name: str, kind: type):
+    value = getattr(optimizer, name, None)
+    if value is None:
+        inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+        value = getattr(inner, name, None)
+    return value if isinstance(value, kind) else None
 
 
 def gradient_weight_of(optimizer) -> Optional[GradientWeight]:
     """The :class:`GradientWeight` of an optimizer made by :func:`DistributedOptimizer`."""
-    weight = getattr(optimizer, "gradient_weight", None)
-    if weight is None:
-        inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
-        weight = getattr(inner, "gradient_weight", None)
-    return weight if isinstance(weight, GradientWeight) else None
+    return _attribute(optimizer, "gradient_weight", GradientWeight)
+
+
+def telemetry_of(optimizer) -> Optional[StepTelemetry]:
+    """The :class:`StepTelemetry` of an optimizer made by :func:`DistributedOptimizer`."""
+    return _attribute(optimizer, "telemetry", StepTelemetry)

@@ -67,3 +67,22 @@ def test_single_process_default_weight_is_one_and_training_matches_plain_keras()
     assert hvd_balance.optimizer.gradient_weight_of(opt) is None
     for a, b in zip(*weights):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_telemetry_counts_every_step_and_measures_busy_time():
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = np.zeros((64, 1), "float32")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    read = opt.telemetry.read()
+    assert read["steps"] == 8 and read["busy_steps"] == 7 and len(read["busy_samples"]) == 7
+    assert read["busy_s"] > 0 and read["wait_s"] >= 0
+    assert sum(read["busy_samples"]) == pytest.approx(read["busy_s"])
+    assert opt.telemetry.read()["steps"] == 0  # read resets
+    off = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), telemetry=False)
+    assert off.telemetry is None

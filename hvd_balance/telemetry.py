@@ -1,0 +1,117 @@
+"""Per-step busy and wait time of this rank, measured inside the compiled training step.
+
+Two timestamps are taken in every step, ordered by data and control dependencies on the
+gradients:
+
+* ``ready``: when this rank's local gradients are all computed, just before the allreduce;
+* ``end``: when the allreduced gradients are back.
+
+*Busy* time of a step is ``ready - end of the previous step``: everything this rank did on
+its own (the previous step's weight update, fetching the input, Keras's per-step work
+between steps, forward, backward). *Wait* time is ``end - ready``: the allreduce, which
+lasts until the slowest rank is ready. (A timestamp after the update itself is not reliably
+ordered after it inside Keras's compiled step, so the update counts as busy time.) The sums live in ``tf.Variable``s and are read every few steps, so there is no
+device-to-host synchronisation per step. The first step after a read (or after a pause such as
+validation) is not counted in busy time, since its gap includes the pause.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import tensorflow as tf
+
+
+class StepTelemetry:
+    """Accumulates this rank's busy and wait seconds per training step.
+
+    Not tracked by TensorFlow: nothing of it is saved in checkpoints.
+
+    Example:
+        ```python
+        opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+        ...fit a few steps...
+        opt.telemetry.read()   # {"steps": 10, "busy_s": 0.21, "wait_s": 0.05}
+        ```
+    """
+
+    def __init__(self, capacity: int = 512):
+        self.capacity = int(capacity)
+        with tf.init_scope():
+            # The busy time of each counted step (a ring of `capacity`), for medians.
+            self._samples = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False,
+                                        name="hvd_balance_busy_samples")
+            f64 = dict(trainable=False, dtype=tf.float64)
+            self._last_end = tf.Variable(0.0, name="hvd_balance_last_end", **f64)
+            self._ready = tf.Variable(0.0, name="hvd_balance_ready", **f64)
+            self._busy = tf.Variable(0.0, name="hvd_balance_busy_s", **f64)
+            self._wait = tf.Variable(0.0, name="hvd_balance_wait_s", **f64)
+            self._steps = tf.Variable(0, trainable=False, dtype=tf.int64, name="hvd_balance_steps")
+            self._busy_steps = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                           name="hvd_balance_busy_steps")
+
+    def mark_ready(self, grads):
+        """Record when the local gradients are ready; returns them ordered after that."""
+        now = self._timestamp_after(grads)
+        last = self._last_end.read_value()
+        counted = last > 0.0
+        busy = tf.where(counted, now - last, tf.constant(0.0, tf.float64))
+        # Written every step; the slot only advances on a counted step, so an uncounted
+        # step's zero is overwritten by the next counted one.
+        slot = tf.math.floormod(self._busy_steps.read_value(), self.capacity)
+        write = self._samples.scatter_nd_update(tf.reshape(slot, [1, 1]), tf.reshape(busy, [1]))
+        with tf.control_dependencies([write]):
+            counted_steps = self._busy_steps.assign_add(tf.cast(counted, tf.int64))
+        return self._after([self._ready.assign(now), self._busy.assign_add(busy), counted_steps],
+                           grads)
+
+    def mark_end(self, grads):
+        """Record when the allreduced gradients are back; returns them ordered after that."""
+        now = self._timestamp_after(grads)
+        return self._after([self._wait.assign_add(now - self._ready.read_value()),
+                            self._last_end.assign(now), self._steps.assign_add(1)], grads)
+
+    @staticmethod
+    def _timestamp_after(grads):
+        # A control dependency on the tensors themselves is not enough: Horovod's allreduce
+        # runs in a nested tf.function whose outputs can be forwarded before the reduction
+        # finishes. Reading one element of each tensor waits for the data itself.
+        probes = [tf.cast(tf.reshape(g.values if isinstance(g, tf.IndexedSlices) else g, [-1])[:1],
+                          tf.float64) for g in grads if g is not None]
+        probe = tf.reduce_sum(tf.concat(probes, 0)) if probes else tf.constant(0.0, tf.float64)
+        with tf.control_dependencies([probe]):
+            return tf.timestamp()
+
+    @staticmethod
+    def _after(ops, grads):
+        with tf.control_dependencies(ops):
+            return [None if g is None else tf.nest.map_structure(tf.identity, g) for g in grads]
+
+    def read(self, reset: bool = True) -> Dict[str, float]:
+        """Since the previous read: ``steps``, sums ``busy_s`` and ``wait_s``, ``busy_steps``
+        and ``busy_samples`` (each counted step's busy seconds, the last ``capacity``).
+
+        Mean busy seconds per step is ``busy_s / busy_steps`` (``busy_steps`` may be one less
+        than ``steps``: the first step after a read is not timed); mean wait is
+        ``wait_s / steps``. With ``reset``, the next step's busy time is not counted either
+        (this read's host time would be in it).
+        """
+        counted = int(self._busy_steps.numpy())
+        samples = self._samples.numpy()
+        if counted > self.capacity:  # the ring wrapped: oldest first
+            cut = counted % self.capacity
+            samples = list(samples[cut:]) + list(samples[:cut])
+        else:
+            samples = list(samples[:counted])
+        out = {"steps": int(self._steps.numpy()), "busy_s": float(self._busy.numpy()),
+               "wait_s": float(self._wait.numpy()), "busy_steps": counted,
+               "busy_samples": [float(v) for v in samples]}
+        if reset:
+            self.reset()
+        return out
+
+    def reset(self) -> None:
+        for v in (self._busy, self._wait, self._last_end):
+            v.assign(0.0)
+        self._steps.assign(0)
+        self._busy_steps.assign(0)
