@@ -76,3 +76,18 @@ def test_bad_input_raises_on_every_rank(mode, message):
     for rank in range(2):
         errors = [l for l in run.rank_lines(rank) if l.startswith("ERROR ")]
         assert errors and message in errors[0], run.stdout[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_a_saved_plan_is_reused_by_the_next_run_without_benchmarking(tmp_path):
+    path = tmp_path / "plan.yaml"
+    first = run_ranks(SCRIPT, np=2, args=["save", path], timeout=180)
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert path.exists()
+    saved = results(first)[0]["plan"]
+    second = run_ranks(SCRIPT, np=2, args=["load", path], timeout=180)
+    assert second.returncode == 0, second.stdout[-3000:]
+    reused = results(second)
+    # The very same plan, measured curves included (a new benchmark would time differently).
+    assert reused[0]["plan"] == reused[1]["plan"] == saved
+    assert reused[1]["local_batch"] == saved["batch_sizes"][1]

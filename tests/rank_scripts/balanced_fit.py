@@ -3,6 +3,7 @@
 Usage: horovodrun -np N python balanced_fit.py MODE
 MODE "audit": benchmark, plan and train 3 epochs with validation; print per rank
     RESULT {"rank", "plan", "steps", "indices", "val_loss", "val_sum", "val_count", ...}.
+MODE "save PATH": as audit, writing the plan to PATH; "load PATH": as audit, using PATH.
 MODE one of the bad inputs below: print "ERROR <type>: <message>" and exit 3.
 """
 import json
@@ -20,7 +21,7 @@ rank, size = hvd.rank(), hvd.size()
 rng = np.random.default_rng(0)
 x = rng.normal(size=(700, 10)).astype("float32")
 y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int32")
-global_batch, seed, cap, plan = 64, 0, None, None
+global_batch, seed, cap, plan, save = 64, 0, None, None, None
 if mode == "global_batch_mismatch":
     global_batch = 64 if rank == 0 else 48
 elif mode == "seed_mismatch":
@@ -29,6 +30,10 @@ elif mode == "caps_too_small":
     cap = 20
 elif mode == "plan_world_size":
     plan = hvd_balance.Plan.from_batch_sizes([30, 20, 14][: size + 1] if size < 3 else [60, 4])
+elif mode == "save":
+    save = sys.argv[2]
+elif mode == "load":
+    plan = sys.argv[2]
 elif mode == "plan_global_batch":
     plan = hvd_balance.Plan.from_batch_sizes([40] * size)
 
@@ -54,7 +59,7 @@ try:
     model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
                   loss=loss, metrics=["accuracy"])
     balancer = hvd_balance.LoadBalancer(data, plan=plan, validation_data=val, max_batch_size=cap,
-                                        verbose=0)
+                                        save_plan=save, verbose=0)
     counter = StepCounter()
     history = model.fit(data, validation_data=val, epochs=3, verbose=0, callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer,
