@@ -68,6 +68,8 @@ def main(argv=None):
     parser.add_argument("--strategy", choices=["balanced", "proportional", "uniform"], default="balanced")
     parser.add_argument("--plan", help="a plan YAML file to use instead of benchmarking")
     parser.add_argument("--batches", help="fixed local batches, e.g. 96,32 (skips the benchmark)")
+    parser.add_argument("--rebalance", default="epoch",
+                        help="'epoch' (re-plan from measured step times every epoch), 'off', or K steps")
     parser.add_argument("--json", help="write plan, epoch times and accuracy to this file (rank 0)")
     parser.add_argument("--verbose", type=int, default=0, help="Keras fit verbosity on rank 0")
     args = parser.parse_args(argv)
@@ -88,9 +90,11 @@ def main(argv=None):
         plan = hvd_balance.Plan.uniform(args.global_batch, hvd.size())
     if args.batches:
         plan = hvd_balance.Plan.from_batch_sizes([int(b) for b in args.batches.split(",")])
+    rebalance = int(args.rebalance) if args.rebalance.isdigit() else args.rebalance
     balancer = hvd_balance.LoadBalancer(
         data, plan=plan, validation_data=val,
-        method="proportional" if args.strategy == "proportional" else "minmax")
+        method="proportional" if args.strategy == "proportional" else "minmax",
+        rebalance="off" if args.strategy != "balanced" or args.batches else rebalance)
     timer = EpochTimer()
     history = model.fit(data, validation_data=val, epochs=args.epochs,
                         verbose=args.verbose if hvd.rank() == 0 else 0,

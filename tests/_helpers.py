@@ -18,6 +18,7 @@ still carries the run's marker variable) and the test fails with the output coll
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -89,6 +90,16 @@ class Result:
     stdout: str
     command: List[str]
     leftovers: List[int] = dataclasses.field(default_factory=list)
+
+    def results(self, marker: str = "RESULT ") -> dict:
+        """``{rank: object}`` from each line ``<marker><json>`` that rank scripts print
+        (the JSON object carries its ``"rank"``)."""
+        out = {}
+        for line in self.stdout.splitlines():
+            if marker in line:
+                value = json.loads(line.split(marker, 1)[1])
+                out[value["rank"]] = value
+        return out
 
     def rank_lines(self, rank: int, stream: Optional[str] = "stdout") -> List[str]:
         """Rank ``rank``'s lines without the prefix, from ``stream`` ("stdout", "stderr",

@@ -1,5 +1,4 @@
 """Live telemetry and adaptive rebalancing on real ranks while one rank slows down."""
-import json
 
 import numpy as np
 import pytest
@@ -9,17 +8,8 @@ from _helpers import run_ranks
 SCRIPT = "tests/rank_scripts/drift_fit.py"
 
 
-def results(run):
-    out = {}
-    for line in run.stdout.splitlines():
-        if "RESULT " in line:
-            r = json.loads(line.split("RESULT ", 1)[1])
-            out[r["rank"]] = r
-    assert sorted(out) == [0, 1], run.stdout[-3000:]
-    return out
-
-
 def assert_consistent(per_rank, epochs):
+    assert sorted(per_rank) == [0, 1]
     a, b = per_rank[0], per_rank[1]
     assert a["history"] == b["history"]                  # identical decisions on every rank
     assert a["plans"] == b["plans"]                      # and identical plans at every step
@@ -34,7 +24,7 @@ def test_plan_follows_a_rank_that_slows_down():
     epochs, slow_from = 8, 3
     run = run_ranks(SCRIPT, np=2, args=[epochs, slow_from, 15, "epoch"], timeout=360)
     assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = results(run)
+    per_rank = run.results()
     assert_consistent(per_rank, epochs)
     history = per_rank[0]["history"]
     changes = [h for h in history if h["changed"] and h["epoch"] >= slow_from]
@@ -52,7 +42,7 @@ def test_plan_follows_a_rank_that_slows_down():
 def test_steady_speeds_do_not_oscillate():
     run = run_ranks(SCRIPT, np=2, args=[6, 99, 0, "epoch"], timeout=360)
     assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = results(run)
+    per_rank = run.results()
     assert_consistent(per_rank, 6)
     later = [h for h in per_rank[0]["history"] if h["epoch"] >= 1]
     assert not any(h["changed"] for h in later), per_rank[0]["history"]
@@ -62,7 +52,7 @@ def test_steady_speeds_do_not_oscillate():
 def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
     run = run_ranks(SCRIPT, np=2, args=[4, 2, 15, 6], timeout=360)
     assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = results(run)
+    per_rank = run.results()
     assert_consistent(per_rank, 4)
     history = per_rank[0]["history"]
     assert {h["step"] for h in history} <= {0, 12}      # decisions only for boundaries

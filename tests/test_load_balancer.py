@@ -1,6 +1,5 @@
 """LoadBalancer end to end on real ranks: identical plans, equal steps, disjoint shards,
 weighted metrics, and bad input raising the same error on every rank (never a hang)."""
-import json
 
 import numpy as np
 import pytest
@@ -10,20 +9,13 @@ from _helpers import run_ranks
 SCRIPT = "tests/rank_scripts/balanced_fit.py"
 
 
-def results(run):
-    out = {}
-    for line in run.stdout.splitlines():
-        if "RESULT " in line:
-            r = json.loads(line.split("RESULT ", 1)[1])
-            out[r["rank"]] = r
-    return out
 
 
 @pytest.fixture(scope="module")
 def audit():
     run = run_ranks(SCRIPT, np=3, args=["audit"], timeout=300)
     assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = results(run)
+    per_rank = run.results()
     assert sorted(per_rank) == [0, 1, 2]
     return per_rank
 
@@ -84,10 +76,10 @@ def test_a_saved_plan_is_reused_by_the_next_run_without_benchmarking(tmp_path):
     first = run_ranks(SCRIPT, np=2, args=["save", path], timeout=180)
     assert first.returncode == 0, first.stdout[-3000:]
     assert path.exists()
-    saved = results(first)[0]["plan"]
+    saved = first.results()[0]["plan"]
     second = run_ranks(SCRIPT, np=2, args=["load", path], timeout=180)
     assert second.returncode == 0, second.stdout[-3000:]
-    reused = results(second)
+    reused = second.results()
     # The very same plan, measured curves included (a new benchmark would time differently).
     assert reused[0]["plan"] == reused[1]["plan"] == saved
     assert reused[1]["local_batch"] == saved["batch_sizes"][1]

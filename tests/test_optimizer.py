@@ -1,5 +1,4 @@
 """Weighted gradient averaging: one step with unequal local batches equals the global-batch step."""
-import json
 
 import pytest
 import tensorflow as tf
@@ -8,13 +7,6 @@ import hvd_balance
 from _helpers import run_ranks
 
 
-def results(run):
-    out = {}
-    for line in run.stdout.splitlines():
-        if "RESULT " in line:
-            r = json.loads(line.split("RESULT ", 1)[1])
-            out[r["rank"]] = r
-    return out
 
 
 @pytest.mark.timeout(300)
@@ -24,7 +16,7 @@ def test_weighted_step_equals_single_process_on_global_batch(batches):
     run = run_ranks("tests/rank_scripts/gradient_equivalence.py", np=len(sizes), args=[batches],
                     timeout=240)
     assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = results(run)
+    per_rank = run.results()
     assert sorted(per_rank) == list(range(len(sizes)))
     for rank, r in per_rank.items():
         for case in ("dense", "sparse"):
