@@ -45,10 +45,16 @@ def _length(name: str, value) -> int:
     return len(value)
 
 
+def _as_arrays(value):
+    if isinstance(value, dict):
+        return {k: np.asarray(v) for k, v in value.items()}
+    return np.asarray(value)
+
+
 def _take(value, index: np.ndarray):
     if isinstance(value, dict):
-        return {k: np.asarray(v)[index] for k, v in value.items()}
-    return np.asarray(value)[index]
+        return {k: v[index] for k, v in value.items()}
+    return value[index]
 
 
 def _spec(value):
@@ -105,7 +111,8 @@ class BalancedData(tf.data.Dataset):
             raise ValueError(
                 f"the data set has {n} samples, fewer than one global batch "
                 f"(global_batch_size={global_batch_size})")
-        self.x, self.y = x, y
+        self.x = _as_arrays(x)
+        self.y = None if y is None else _as_arrays(y)
         self.num_samples = n
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
@@ -187,8 +194,15 @@ class BalancedData(tf.data.Dataset):
         self.plan = plan
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch whose permutation the next iterator draws (resume: the initial epoch)."""
-        self.epoch = int(epoch)
+        """The epoch whose permutation the next iterator draws (resume: the initial epoch).
+
+        Moving to an epoch other than the current one forgets any plan recorded for it, so a
+        revisited epoch starts from the plan in force now.
+        """
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._schedule.pop(epoch, None)
+        self.epoch = epoch
 
     def set_world(self, rank: int, world_size: int, plan: Optional[Plan] = None) -> None:
         """Move to another world (an elastic reset): this rank's new index and the new size.
@@ -202,7 +216,7 @@ class BalancedData(tf.data.Dataset):
 
     def plan_at(self, epoch: int, step: int) -> Plan:
         """The plan in force at ``step`` of ``epoch``."""
-        schedule = self._schedule.get(int(epoch), {})
+        schedule = dict(self._schedule.get(int(epoch), {}))  # a copy: set_plan may run meanwhile
         starts = [s for s in schedule if s <= step]
         return schedule[max(starts)] if starts else self.plan
 

@@ -86,8 +86,13 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         super().__init__()
         if not isinstance(data, BalancedData):
             raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
-        if rebalance not in ("off", "epoch") and not (isinstance(rebalance, int) and rebalance >= 1):
-            raise ValueError(f"rebalance must be 'off', 'epoch' or a number of steps >= 1; got {rebalance!r}")
+        steps_ok = isinstance(rebalance, int) and not isinstance(rebalance, bool)
+        if rebalance not in ("off", "epoch") and not steps_ok:
+            raise ValueError(f"rebalance must be 'off', 'epoch' or a number of steps; got {rebalance!r}")
+        if steps_ok and rebalance <= MIN_SAMPLES:
+            raise ValueError(
+                f"rebalance={rebalance} steps gives windows of {rebalance - 1} timed steps; "
+                f"re-planning needs at least {MIN_SAMPLES}: use rebalance >= {MIN_SAMPLES + 1}")
         if isinstance(rebalance, int) and rebalance % data.segment_steps:
             raise ValueError(
                 f"rebalance={rebalance} steps needs a data set whose plan can change every "
@@ -114,11 +119,18 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.history, self._last, self._pending, self._previous = [], [], {}, None
         self._pooled, self.plan = [], None
         self._epoch = data.epoch
+        spe = getattr(self.model, "_steps_per_execution", None)
+        spe = int(spe.numpy()) if spe is not None else 1
+        if isinstance(self.rebalance, int) and self.rebalance % spe:
+            raise ValueError(f"rebalance={self.rebalance} must be a multiple of the model's "
+                             f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
+        parameters = (int(sum(int(tf.size(v)) for v in self.model.trainable_variables))
+                      if self.model.built else None)
         balancing.check_consistent(
             "hvd_balance.check_job", world_size=data.world_size,
-            global_batch_size=data.global_batch_size, seed=data.seed, num_samples=data.num_samples,
-            steps=data.steps, rebalance=self.rebalance,
-            parameters=int(sum(int(tf.size(v)) for v in self.model.trainable_variables)))
+            global_batch_size=data.global_batch_size, seed=data.seed, shuffle=data.shuffle,
+            num_samples=data.num_samples, steps=data.steps, segment_steps=data.segment_steps,
+            rebalance=self.rebalance, plan_given=self.given_plan is not None, parameters=parameters)
         if self.given_plan is not None:
             plan = balancing.resolve_given_plan(self.given_plan, data)
         else:
@@ -138,22 +150,26 @@ class LoadBalancer(tf.keras.callbacks.Callback):
     def _apply(self, plan: Plan, step: int = 0) -> None:
         """Apply ``plan`` to the data from ``step`` of the current epoch; the weight now
         (``step == 0``) or when training reaches ``step``."""
+        def apply():
+            if step == 0:
+                balancing.apply_plan(plan, self.data, self.model.optimizer, self.validation_data)
+            else:  # takes effect in on_train_batch_begin
+                self.data.set_plan(plan, step=step)
+                self._pending[step] = plan
+            if self.save_plan and collective.rank() == 0:
+                plan.save(self.save_plan)
+
+        collective.all_ok(apply, name="hvd_balance.apply_plan")  # a failure stops every rank
         if step == 0:
-            collective.all_ok(lambda: balancing.apply_plan(plan, self.data, self.model.optimizer,
-                                                           self.validation_data),
-                              name="hvd_balance.apply_plan")
-        else:  # takes effect in on_train_batch_begin
-            self.data.set_plan(plan, step=step)
-            self._pending[step] = plan
-            return
-        self._in_force(plan)
+            self._in_force(plan)
 
     def _in_force(self, plan: Plan) -> None:
-        if self.plan is None or plan.batch_sizes != self.plan.batch_sizes:
+        if self.plan is not None and plan.batch_sizes != self.plan.batch_sizes:
             self._pooled = []
+            telemetry = telemetry_of(self.model.optimizer)
+            if telemetry is not None:
+                telemetry.reset()  # local: a window never mixes two plans
         self.plan = plan
-        if self.save_plan and collective.rank() == 0:
-            plan.save(self.save_plan)
 
     # -- telemetry ----------------------------------------------------------------------------
     def telemetry(self) -> List[Dict[str, float]]:
@@ -235,7 +251,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._pending.clear()
-        self.data.set_epoch(epoch + 1)
+        self.data.set_epoch(self.data.epoch + 1)  # never repeat a permutation, even across fits
         window = self._gather_window()
         self._replan(window, 0)
         if logs is not None:

@@ -68,15 +68,21 @@ class WeightedMetricAverage(tf.keras.callbacks.Callback):
         self.data = data
         self.validation_data = validation_data
 
-    def _train_samples(self) -> float:
-        if self.data is not None:
-            return float(self.data.local_samples)
+    def on_epoch_begin(self, epoch, logs=None):
+        # Counted now: at epoch end the load balancer may already have applied the next
+        # epoch's plan. The training count follows any plan change inside the epoch.
+        self._epoch = self.data.epoch if self.data is not None else None
         weight = gradient_weight_of(getattr(self.model, "optimizer", None))
-        return weight.get() if weight is not None else 1.0
+        self._weight = weight.get() if weight is not None else 1.0
+        self._val = (float(self.validation_data.local_samples)
+                     if self.validation_data is not None else None)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
             return
-        train = self._train_samples()
-        val = float(self.validation_data.local_samples) if self.validation_data is not None else train
-        logs.update(weighted_average(logs, train, val, name=f"hvd_balance.metrics.{epoch}"))
+        if self.data is not None:
+            train = float(sum(len(step) for step in self.data.indices(self._epoch)))
+        else:
+            train = self._weight
+        val = self._val if self._val is not None else train
+        logs.update(weighted_average(logs, train, val, name="hvd_balance.metric_average"))

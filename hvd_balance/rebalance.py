@@ -65,8 +65,9 @@ def corrected_curves(plan: Plan, busy_s: Sequence[float],
     for i, (b, m) in enumerate(zip(plan.batch_sizes, busy_s)):
         if plan.curves:
             curve = TimeCurve(plan.curves[i])
-            factor = m / curve(b)
-            scaled = TimeCurve([(x, t * factor) for x, t in curve.points])
+            base = curve(b)
+            scaled = (TimeCurve([(x, t * m / base) for x, t in curve.points]) if base > 0
+                      else TimeCurve([(b, m)]))
         else:  # a given plan has no curves: time proportional to batch
             scaled = TimeCurve([(b, m)])
         prev = previous[i] if previous is not None else None
