@@ -188,7 +188,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         pooled, pooled_noise = robust_busy(self._pooled)
         mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
                 "pooled_busy_rse": pooled_noise,
-                "wait_s": raw["wait_s"] / raw["steps"] if raw.get("steps") else None,
+                "wait_s": raw["wait_s"] / raw["busy_steps"] if raw.get("busy_steps") else None,
                 "local_batch": self.plan.batch_sizes[self.data.rank]}
         self._last = collective.allgather_object(mine, name="hvd_balance.telemetry")
         return self._last

@@ -49,6 +49,7 @@ class StepTelemetry:
             self._steps = tf.Variable(0, trainable=False, dtype=tf.int64, name="hvd_balance_steps")
             self._busy_steps = tf.Variable(0, trainable=False, dtype=tf.int64,
                                            name="hvd_balance_busy_steps")
+            self._counted = tf.Variable(False, trainable=False, name="hvd_balance_counted")
 
     def mark_ready(self, grads):
         """Record when the local gradients are ready; returns them ordered after that."""
@@ -62,13 +63,16 @@ class StepTelemetry:
         write = self._samples.scatter_nd_update(tf.reshape(slot, [1, 1]), tf.reshape(busy, [1]))
         with tf.control_dependencies([write]):
             counted_steps = self._busy_steps.assign_add(tf.cast(counted, tf.int64))
-        return self._after([self._ready.assign(now), self._busy.assign_add(busy), counted_steps],
+        return self._after([self._ready.assign(now), self._busy.assign_add(busy), counted_steps,
+                            self._counted.assign(counted)],
                            grads)
 
     def mark_end(self, grads):
         """Record when the allreduced gradients are back; returns them ordered after that."""
         now = self._timestamp_after(grads)
-        return self._after([self._wait.assign_add(now - self._ready.read_value()),
+        wait = tf.where(self._counted.read_value(), now - self._ready.read_value(),
+                        tf.constant(0.0, tf.float64))
+        return self._after([self._wait.assign_add(wait),
                             self._last_end.assign(now), self._steps.assign_add(1)], grads)
 
     @staticmethod
@@ -91,9 +95,9 @@ class StepTelemetry:
         """Since the previous read: ``steps``, sums ``busy_s`` and ``wait_s``, ``busy_steps``
         and ``busy_samples`` (each counted step's busy seconds, the last ``capacity``).
 
-        Mean busy seconds per step is ``busy_s / busy_steps`` (``busy_steps`` may be one less
-        than ``steps``: the first step after a read is not timed); mean wait is
-        ``wait_s / steps``. With ``reset``, the next step's busy time is not counted either
+        Mean busy and wait seconds per step are ``busy_s / busy_steps`` and
+        ``wait_s / busy_steps`` (``busy_steps`` may be one less than ``steps``: the first step
+        after a read is not timed, its gap and its wait hold the pause before it). With ``reset``, the next step's busy time is not counted either
         (this read's host time would be in it).
         """
         counted = int(self._busy_steps.numpy())
