@@ -5,22 +5,51 @@ forward pass in training mode, its compiled loss, the backward pass, and an SGD-
 of every trainable weight (applied to scratch copies, so the model and its optimizer are not
 changed; non-trainable state such as BatchNorm statistics is restored afterwards). Batches
 are drawn from the rank's real data, so shapes and dtypes are the ones training will see.
-Each batch size gets warm-up calls (the first traces the function), then the median of
-``repeats`` timed calls. No collective runs inside the timed region.
+Each batch size gets warm-up calls (the first traces the function), then ``repeats`` timed
+calls, round-robin over the sizes. No collective runs inside the timed region.
+
+Outliers. A shared machine hiccups: one repeat can take ten times the others, and a rank can
+be so busy with other work that all its timings are noise. So that the plan stays sane:
+
+* per size, a repeat over ``OUTLIER_FACTOR`` (5) times the median, or under a fifth of it,
+  is dropped, and the size's time is the median of the rest;
+* a size with more than ``RETIME_FRACTION`` (20 %) of its repeats dropped, or timed more
+  than ``NONMONOTONE_RATIO`` (1.5) times slower than the next larger size, is timed again
+  (``repeats`` more calls, at most ``MAX_RETIMES`` times) and the timings are pooled;
+* the curve is made non-decreasing in the batch size by a robust isotonic fit (pool
+  adjacent violators, each pool's value the median of its timings), so noise cannot make a
+  larger batch look cheaper than a smaller one;
+* a ``logging`` warning names the rank and the local batch when repeats were dropped, when a
+  size stays noisy (median absolute deviation over ``NOISY_MAD_RATIO``, 25 %, of the
+  median), or when the fit moved a median by more than ``BENT_WARN_RATIO`` (10 %).
+
+The statistics are :func:`robust_step_times`, which takes the step function and the clock
+as arguments so they can be tested with scripted timings.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from . import collective
+
 log = logging.getLogger(__name__)
 
 Curve = List[Tuple[int, float]]
+Clock = Callable[[], float]
+
+OUTLIER_FACTOR = 5.0      # a repeat over 5x (or under 1/5 of) its size's median is dropped
+RETIME_FRACTION = 0.2     # more than this share of a size's repeats dropped: time it again
+NONMONOTONE_RATIO = 1.5   # a size this much slower than the next larger one: time both again
+MAX_RETIMES = 2           # rounds of re-timing at most
+NOISY_MAD_RATIO = 0.25    # median absolute deviation over this share of the median: warn
+BENT_WARN_RATIO = 0.1     # the non-decreasing fit moved a median by more than this: warn
+MIN_STEP_S = 1e-9         # a timing is never taken as zero seconds (a curve needs t > 0)
 
 
 def candidate_batches(global_batch_size: int, world_size: int,
@@ -35,7 +64,7 @@ def candidate_batches(global_batch_size: int, world_size: int,
     top = global_batch_size - (world_size - 1)
     if max_batch_size is not None:
         top = min(top, int(max_batch_size))
-    lo = max(1, share // 4)
+    lo = max(1, min(share // 4, top))
     hi = max(lo, min(top, 4 * share if world_size > 1 else share))
     if points < 2 or hi == lo:
         return [hi]
@@ -74,6 +103,16 @@ class StepTimer:
     def _build(self):
         model = self.model
         self._scratch = [tf.Variable(v, trainable=False) for v in model.trainable_variables]
+        # The update's factor is a variable: a constant 0.0 * g is folded to zeros by grappler,
+        # which then prunes the whole backward pass from the timed step.
+        self._zero = tf.Variable(0.0, trainable=False, name="hvd_balance_benchmark_zero")
+
+        def update(scratch, grad):
+            if isinstance(grad, tf.IndexedSlices):  # sparse gradients (Embedding layers)
+                zero = tf.cast(self._zero, grad.values.dtype)
+                return scratch.scatter_sub(tf.IndexedSlices(zero * grad.values, grad.indices,
+                                                            grad.dense_shape))
+            return scratch.assign_sub(tf.cast(self._zero, grad.dtype) * grad)
 
         @tf.function(reduce_retracing=True)
         def step(x, y):
@@ -81,52 +120,162 @@ class StepTimer:
                 y_pred = model(x, training=True)
                 loss = model.compute_loss(x, y, y_pred)
             grads = tape.gradient(loss, model.trainable_variables)
-            updates = [s.assign_sub(0.0 * g) for s, g in zip(self._scratch, grads) if g is not None]
+            updates = [update(s, g) for s, g in zip(self._scratch, grads) if g is not None]
             with tf.control_dependencies(updates):
                 return tf.identity(loss)
 
         self._step = step
 
-    def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 2) -> List[float]:
-        """Median seconds of one step at each local batch in ``sizes`` (samples).
+    def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 2,
+             clock: Clock = time.perf_counter, who: str = "this rank") -> List[float]:
+        """Robust seconds of one step at each local batch in ``sizes`` (samples).
 
         The sizes are timed round-robin (one call of each, ``repeats`` times over), so a
-        transient slowdown of the machine hits every size alike instead of bending the curve.
+        transient slowdown of the machine hits every size alike instead of bending the curve;
+        outliers are handled as the module docstring says (see :func:`robust_step_times`).
         """
         if self._step is None:
             self._build()
         batches = [self._batch(int(s)) for s in sizes]
-        for x, y in batches:
-            for _ in range(warmup):
-                self._step(x, y).numpy()
-        times = [[] for _ in batches]
-        for _ in range(repeats):
-            for k, (x, y) in enumerate(batches):
-                start = time.perf_counter()
-                self._step(x, y).numpy()
-                times[k].append(time.perf_counter() - start)
-        return [float(np.median(t)) for t in times]
+
+        def run_step(k: int) -> None:
+            self._step(*batches[k]).numpy()
+
+        return robust_step_times(run_step, sizes, repeats=repeats, warmup=warmup, clock=clock,
+                                 who=who)
+
+
+def _time_round_robin(run_step: Callable[[int], Any], indices: Sequence[int], repeats: int,
+                      clock: Clock) -> Dict[int, List[float]]:
+    """``repeats`` timed calls of ``run_step(k)`` for each ``k`` in ``indices``, one per round."""
+    out: Dict[int, List[float]] = {k: [] for k in indices}
+    for _ in range(repeats):
+        for k in indices:
+            start = clock()
+            run_step(k)
+            out[k].append(max(clock() - start, MIN_STEP_S))
+    return out
+
+
+def split_outliers(samples: Sequence[float], factor: float = OUTLIER_FACTOR):
+    """``(kept, dropped)``: ``dropped`` holds the timings over ``factor`` times the median of
+    ``samples`` or under the median divided by ``factor``."""
+    med = float(np.median(samples))
+    kept = [t for t in samples if med / factor <= t <= med * factor]
+    dropped = [t for t in samples if not med / factor <= t <= med * factor]
+    return kept, dropped
+
+
+def mad_ratio(samples: Sequence[float]) -> float:
+    """Median absolute deviation of ``samples`` over their median (0 for identical timings)."""
+    arr = np.asarray(samples, dtype=float)
+    med = float(np.median(arr))
+    return float(np.median(np.abs(arr - med)) / med) if med > 0 else 0.0
+
+
+def isotonic_median_fit(samples: Sequence[Sequence[float]]) -> List[float]:
+    """A non-decreasing value per group of timings, robust to outliers (L1 isotonic fit).
+
+    Pool adjacent violators: groups are merged left to right while a group's median exceeds
+    the next one's, and a merged pool's value is the median of all its timings.
+    """
+    pools: List[Tuple[List[float], int]] = []  # (timings, groups in the pool)
+    for group in samples:
+        pools.append((list(group), 1))
+        while len(pools) > 1 and np.median(pools[-2][0]) > np.median(pools[-1][0]):
+            (a, na), (b, nb) = pools[-2], pools[-1]
+            pools[-2:] = [(a + b, na + nb)]
+    out: List[float] = []
+    for timings, groups in pools:
+        out.extend([float(np.median(timings))] * groups)
+    return out
+
+
+def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repeats: int = 5,
+                      warmup: int = 2, clock: Clock = time.perf_counter,
+                      who: str = "this rank") -> List[float]:
+    """Seconds per step at each of ``sizes``, robust to outlying and noisy timings.
+
+    Args:
+        run_step: ``run_step(k)`` runs one step at ``sizes[k]`` and returns when it is done.
+        sizes: local batch sizes in samples, ascending (only used in warnings and to order
+            the non-decreasing fit).
+        repeats: timed calls per size and per re-timing round (at least 1).
+        warmup: untimed calls per size first.
+        clock: seconds as a float, e.g. ``time.perf_counter`` (called around every timed call).
+        who: names the rank in warnings, e.g. ``"rank 3"``.
+
+    Returns:
+        One time per size, non-decreasing, each > 0: the median of the kept timings, pooled
+        where the medians decrease (see the module docstring).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1; got {repeats!r}")
+    indices = list(range(len(sizes)))
+    for k in indices:
+        for _ in range(warmup):
+            run_step(k)
+    samples = _time_round_robin(run_step, indices, repeats, clock)
+    for _ in range(MAX_RETIMES):
+        medians = [float(np.median(split_outliers(samples[k])[0])) for k in indices]
+        again = {k for k in indices
+                 if len(split_outliers(samples[k])[1]) > RETIME_FRACTION * len(samples[k])}
+        for k in indices[:-1]:
+            if medians[k] > NONMONOTONE_RATIO * medians[k + 1]:
+                again |= {k, k + 1}
+        if not again:
+            break
+        for k, more in _time_round_robin(run_step, sorted(again), repeats, clock).items():
+            samples[k].extend(more)
+
+    kept = []
+    for k in indices:
+        good, dropped = split_outliers(samples[k])
+        kept.append(good)
+        med = float(np.median(good))
+        if dropped:
+            log.warning("%s: dropped %d of %d step timings at local batch %d as outliers "
+                        "(%s s; the median is %.4g s)", who, len(dropped), len(samples[k]),
+                        sizes[k], ", ".join(f"{t:.4g}" for t in dropped), med)
+        spread = mad_ratio(good)
+        if spread > NOISY_MAD_RATIO:
+            log.warning("%s: step times at local batch %d are noisy (median %.4g s, median "
+                        "absolute deviation %.0f%% of it, range %.4g-%.4g s over %d calls): "
+                        "the plan may be off; is other work running on this device?",
+                        who, sizes[k], med, 100 * spread, min(good), max(good), len(good))
+    fitted = isotonic_median_fit(kept)
+    medians = [float(np.median(g)) for g in kept]
+    if any(abs(f - m) > BENT_WARN_RATIO * m for f, m in zip(fitted, medians)):
+        log.warning("%s: a step took longer at a smaller local batch (medians %s s at batches "
+                    "%s); fitted a non-decreasing curve: %s s", who,
+                    [round(m, 6) for m in medians], list(sizes), [round(f, 6) for f in fitted])
+    return fitted
 
 
 def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], repeats: int = 5,
-                  warmup: int = 2) -> Tuple[Curve, float]:
+                  warmup: int = 2, clock: Clock = time.perf_counter,
+                  rank: Optional[int] = None) -> Tuple[Curve, float]:
     """Time a step at each of ``batch_sizes``; the model's variables are left unchanged.
 
     Args:
         model: compiled Keras model.
         sample: a batch from the real data, ``(x, y)`` or ``x``.
         batch_sizes: local batch sizes to time, in samples (ascending).
-        repeats: timed calls per size; the median is kept.
+        repeats: timed calls per size; outliers are dropped and the median kept.
         warmup: untimed calls per size before timing (the first traces the step).
+        clock: the clock around each timed call (tests inject a scripted one).
+        rank: names the rank in warnings (default: this Horovod rank).
 
     Returns:
-        ``(curve, seconds_spent)``: ``curve`` is ``[(local_batch, seconds_per_step), ...]``.
+        ``(curve, seconds_spent)``: ``curve`` is ``[(local_batch, seconds_per_step), ...]``,
+        non-decreasing in the batch.
     """
+    who = f"rank {collective.rank() if rank is None else rank}"
     start = time.perf_counter()
     timer = StepTimer(model, sample)
     saved = [tf.identity(v) for v in model.variables]  # BatchNorm statistics and the like
     try:
-        seconds = timer.time(batch_sizes, repeats, warmup)
+        seconds = timer.time(batch_sizes, repeats, warmup, clock=clock, who=who)
     finally:
         for v, value in zip(model.variables, saved):
             v.assign(value)

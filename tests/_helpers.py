@@ -47,6 +47,9 @@ DEFAULT_ENV = {
     "TF_NUM_INTRAOP_THREADS": "1",
     "TF_NUM_INTEROP_THREADS": "1",
 }
+# horovodrun options that say where the ranks run; with one of them in launcher_args,
+# run_ranks does not add its own -H localhost:N (e.g. elastic runs with a discovery script).
+HOST_OPTIONS = {"-H", "--hosts", "-hostfile", "--hostfile", "--host-discovery-script"}
 # Every process of one run carries this variable with the run's id, so leftovers can be found.
 RUN_ID_VAR = "HVD_BALANCE_TEST_RUN"
 # How long the emulation launcher gets, after SIGTERM, to stop its ranks and remove its groups.
@@ -130,7 +133,8 @@ def run_ranks(script_or_cmd: Union[str, os.PathLike, Sequence[str]], np: int,
             ``python -m hvd_balance.emulate --cpu-shares ...`` (needs root).
         args: arguments appended to the rank command.
         launcher_args: extra arguments for horovodrun, or for ``hvd_balance.emulate`` when
-            ``cpu_shares`` is given (e.g. ``["--step-delay-ms", "0,5"]``).
+            ``cpu_shares`` is given (e.g. ``["--step-delay-ms", "0,5"]``); with a host
+            option among them (`HOST_OPTIONS`) they replace ``-H localhost:N``.
 
     Returns:
         `Result`, whatever the exit status; a timeout fails the test instead.
@@ -150,8 +154,8 @@ def run_ranks(script_or_cmd: Union[str, os.PathLike, Sequence[str]], np: int,
             rank_cmd = [str(c) for c in script_or_cmd]
         rank_cmd += [str(a) for a in args]
         if cpu_shares is None:
-            cmd = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}",
-                   *map(str, launcher_args), *rank_cmd]
+            hosts = [] if HOST_OPTIONS & set(map(str, launcher_args)) else ["-H", f"localhost:{np}"]
+            cmd = [HOROVODRUN, "-np", str(np), *hosts, *map(str, launcher_args), *rank_cmd]
         else:
             cmd = [PYTHON, "-m", "hvd_balance.emulate",
                    "--cpu-shares", ",".join(str(float(s)) for s in cpu_shares), "-np", str(np),

@@ -1,0 +1,360 @@
+"""Watchdog: when one rank fails, every rank stops fast and says which rank it was.
+
+What Horovod with Gloo does by itself (measured, see ``tests/test_faults.py``): when a rank
+dies, its peers' next collective fails within milliseconds ("Horovod has been shut down");
+when a rank stops responding (stopped, hung, its host gone), their collective fails after
+the Gloo timeout (30 s; ``horovodrun --gloo-timeout-seconds``); and ``horovodrun`` then
+terminates every rank. So nothing hangs, but nothing says which rank failed either: the
+survivors' error is the same whatever happened, and ``horovodrun`` names the first rank to
+*exit*, which is often a survivor that failed faster than the rank that caused it.
+
+:func:`install` (after ``hvd.init()``) adds, on this rank:
+
+* a status file ``rank<i>.json`` (rank, host, pid, state, error, heartbeat) in a
+  directory of the job, rewritten every ``interval_s`` (0.5 s) by a daemon thread;
+* an exception hook: an uncaught error that is this rank's own writes ``failed`` with the
+  error to the status file, prints ``hvd_balance: rank 1 (host, pid 123) failed:
+  RuntimeError: ...`` and exits at once with status 1 (so this rank is the first to exit and
+  ``horovodrun`` names it); an error that is a failed collective (a peer failed) makes the
+  rank read its peers' status, wait up to ``grace_s`` for a culprit, print ``hvd_balance:
+  rank 0 (host, pid 120) stops: rank 1 failed: RuntimeError: ...`` (or ``... rank 1 died:
+  pid 123 on host is gone``, ``... is stopped``, ``... stopped responding: no heartbeat for
+  31 s``) and exit with status 1;
+* a SIGTERM handler (only if SIGTERM has the default action): the launcher stops the job
+  after a failure, and a rank killed at once could leave a half-written checkpoint. The
+  rank goes on for at most ``term_grace_s`` (a step, a file being written), then prints the
+  same message and exits with status 143; it exits earlier through the exception hook when
+  its next collective fails.
+
+The peers' status files are found in the job directory, on this host: a peer on another
+host can be checked only when the directory is shared (``HVD_BALANCE_WATCHDOG_DIR`` on a
+file system every host mounts); otherwise a local peer is checked by its pid, a remote one is
+reported as unknown. The last rank of a host to exit removes the job directory.
+
+Not for ``hvd.elastic.run`` jobs: elastic Horovod recovers from a failed peer itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from typing import Dict, List, Optional, Tuple
+
+from . import collective
+
+DIR_ENV = "HVD_BALANCE_WATCHDOG_DIR"
+EXIT_FAILED = 1
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+# Texts of the errors a rank sees when a collective fails because of another rank.
+_COLLECTIVE_FAILURES = ("Horovod has been shut down", "HorovodAllreduce", "HorovodAllgather",
+                        "HorovodBroadcast", "HorovodAlltoall", "HorovodReducescatter",
+                        "gloo", "Gloo", "Connection reset by peer", "Connection closed by peer")
+_COLLECTIVE_ERROR_TYPES = ("HorovodInternalError", "HostsUpdatedInterrupt")
+
+_installed: Optional["_Watchdog"] = None
+_install_lock = threading.Lock()
+
+
+def install(directory: Optional[str] = None, interval_s: float = 0.5, grace_s: float = 3.0,
+            term_grace_s: float = 3.0, handle_sigterm: bool = True) -> "_Watchdog":
+    """Start this rank's watchdog (a collective: call it on every rank, after ``hvd.init()``).
+
+    Args:
+        directory: where the job's status files go (default ``$HVD_BALANCE_WATCHDOG_DIR``,
+            else the temporary directory); a subdirectory per job is made in it. Share it
+            between hosts to have ranks on other hosts named too.
+        interval_s: seconds between heartbeats; a peer whose heartbeat does not advance for
+            ``max(4 * interval_s, 2)`` seconds is taken as silent.
+        grace_s: how long a rank whose collective failed waits for a peer to be found failed,
+            dead, stopped or silent before it stops anyway (keep it under the 5 s horovodrun
+            leaves between SIGTERM and SIGKILL).
+        term_grace_s: seconds a rank goes on after SIGTERM (to finish a step or a file).
+        handle_sigterm: install the SIGTERM handler (only replaces the default action).
+
+    Returns:
+        The watchdog; calling :func:`install` again returns the same one.
+
+    Example:
+        ```python
+        hvd.init()
+        hvd_balance.watchdog.install()
+        model.fit(data, ...)   # if rank 1 raises, every rank prints "... rank 1 failed: ..."
+        ```
+    """
+    global _installed
+    with _install_lock:
+        if _installed is None:
+            dog = _Watchdog(directory, interval_s, grace_s, term_grace_s)
+            dog.start(handle_sigterm)
+            _installed = dog
+        return _installed
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) is a collective that failed."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ in _COLLECTIVE_ERROR_TYPES:
+            return True
+        text = str(exc)
+        if any(marker in text for marker in _COLLECTIVE_FAILURES):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _process_state(pid: int) -> Optional[str]:
+    """The kernel's state letter of local process ``pid`` (``"R"``, ``"S"``, ``"T"``,
+    ``"Z"``...), or ``None`` if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return "?"
+        return "?"
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    # TensorFlow puts the useful sentence last ("... Horovod has been shut down ...").
+    line = next((ln for ln in lines if "Horovod has been shut down" in ln), lines[0] if lines else "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class _Watchdog:
+    def __init__(self, directory, interval_s, grace_s, term_grace_s):
+        self.interval_s = float(interval_s)
+        self.grace_s = float(grace_s)
+        self.term_grace_s = float(term_grace_s)
+        self.stale_s = max(4.0 * self.interval_s, 2.0)
+        self.rank = collective.rank()
+        self.size = collective.size()
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        mine = {"rank": self.rank, "host": self.host, "pid": self.pid, "job": uuid.uuid4().hex}
+        self.peers: List[Dict] = collective.allgather_object(mine, name="hvd_balance.watchdog")
+        base = directory or os.environ.get(DIR_ENV) or tempfile.gettempdir()
+        self.directory = os.path.join(base, f"hvd_balance-watchdog-{self.peers[0]['job']}")
+        self.path = os.path.join(self.directory, f"rank{self.rank}.json")
+        self.state = "running"
+        self.error = ""
+        self.beat = 0
+        self._seen: Dict[int, Tuple[int, float]] = {}  # peer -> (beat, when first seen)
+        self._lock = threading.RLock()  # the SIGTERM handler may run while it is held
+        self._stopping = False
+        self._stop_beat = threading.Event()
+        self._previous_hook = None
+
+    # -- status files -----------------------------------------------------------------------
+    def _write(self) -> None:
+        self.beat += 1
+        record = {"rank": self.rank, "host": self.host, "pid": self.pid, "state": self.state,
+                  "error": self.error, "beat": self.beat, "time": time.time()}
+        tmp = f"{self.path}.{self.pid}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(record, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a full or vanished disk must not take the rank down
+
+    def _read(self, rank: int) -> Optional[Dict]:
+        try:
+            with open(os.path.join(self.directory, f"rank{rank}.json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def _beat(self) -> None:
+        while not self._stop_beat.wait(self.interval_s):
+            with self._lock:
+                if self.state == "running":
+                    self._write()
+
+    def start(self, handle_sigterm: bool) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        self._write()
+        threading.Thread(target=self._beat, name="hvd_balance.watchdog", daemon=True).start()
+        self._previous_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        atexit.register(self._at_exit)
+        if (handle_sigterm and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _set_state(self, state: str, error: str = "") -> None:
+        with self._lock:
+            self.state, self.error = state, error
+            self._write()
+
+    # -- who failed ---------------------------------------------------------------------------
+    def culprits(self) -> Tuple[List[Tuple[int, str]], List[int]]:
+        """``(found, unknown)``: peers that failed, died, stopped or went silent, each with a
+        description (those that reported a failure first, earliest first); and the peers
+        that cannot be checked from here."""
+        failed, gone, unknown = [], [], []
+        now = time.time()
+        for peer in self.peers:
+            k = peer["rank"]
+            if k == self.rank:
+                continue
+            record = self._read(k)
+            local = peer["host"] == self.host
+            if record and record.get("state") == "failed":
+                failed.append((record.get("time", now), k, f"failed: {record.get('error', '')}"))
+                continue
+            if local:
+                state = _process_state(peer["pid"])
+                if state is None or state in ("Z", "X", "x"):
+                    if record and record.get("state") == "exited":
+                        gone.append((k, f"exited (pid {peer['pid']}) while this rank still "
+                                        f"ran collectives"))
+                    else:
+                        gone.append((k, f"died: pid {peer['pid']} on {peer['host']} is gone "
+                                        f"(killed by a signal, or out of memory?)"))
+                    continue
+                if state in ("T", "t"):
+                    gone.append((k, f"is stopped: pid {peer['pid']} on {peer['host']} is "
+                                    f"suspended (SIGSTOP, a debugger?)"))
+                    continue
+            if record is None:
+                if not local:
+                    unknown.append(k)
+                continue
+            silent_s = self._silent_s(k, record, now)
+            if record.get("state") == "running" and silent_s is not None:
+                gone.append((k, f"stopped responding: no heartbeat for {silent_s:.0f} s "
+                                f"(pid {peer['pid']} on {peer['host']})"))
+        failed.sort()
+        return [(k, what) for _, k, what in failed] or gone, unknown
+
+    def _silent_s(self, rank: int, record: Dict, now: float) -> Optional[float]:
+        """Seconds peer ``rank`` has been silent if that is more than ``stale_s``, else None.
+
+        Silent means its heartbeat did not advance while this rank watched it, so clocks
+        that differ between hosts do not matter; a heartbeat time over a minute old by this
+        host's clock counts at once.
+        """
+        beat, mono = record.get("beat"), time.monotonic()
+        first = self._seen.get(rank)
+        if first is None or first[0] != beat:
+            self._seen[rank] = first = (beat, mono)
+        by_clock = now - float(record.get("time", now))
+        watched = mono - first[1]
+        if watched > self.stale_s or by_clock > 60.0:
+            return max(watched, by_clock)
+        return None
+
+    def explain(self, wait_s: float) -> str:
+        """Why this rank's collective failed, waiting up to ``wait_s`` for a culprit."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            found, unknown = self.culprits()
+            if found or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        if found:
+            return "; ".join(f"rank {k} {what}" for k, what in found)
+        text = "no other rank was found failed, dead or silent"
+        if unknown:
+            text += (f" (ranks {unknown} on other hosts cannot be checked from here: set "
+                     f"{DIR_ENV} to a directory every host shares)")
+        return text
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _claim(self) -> bool:
+        """True for the first of the hooks to stop the rank (the others return)."""
+        with self._lock:
+            if self._stopping:
+                return False
+            self._stopping = True
+            return True
+
+    def _say(self, message: str) -> None:
+        streams = [sys.stdout, sys.stderr, *logging.getLogger().handlers]
+        for stream in streams:
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed stream must not stop the exit
+                pass
+        try:
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _excepthook(self, exc_type, exc, tb) -> None:
+        if not self._claim():
+            return
+        where = f"rank {self.rank} ({self.host}, pid {self.pid})"
+        try:
+            if _is_collective_failure(exc):
+                self._set_state("stopping", _first_line(exc))
+                self._print_traceback(exc_type, exc, tb)
+                why = self.explain(self.grace_s)
+                self._say(f"hvd_balance: {where} stops: {why} (this rank's collective failed: "
+                          f"{_first_line(exc, 100)})")
+                self._cleanup_if_last()
+            else:
+                error = f"{exc_type.__name__}: {_first_line(exc)}"
+                self._set_state("failed", error)  # before exiting: the peers read it
+                self._print_traceback(exc_type, exc, tb)
+                self._say(f"hvd_balance: {where} failed: {error}; stopping the job")
+        finally:
+            os._exit(EXIT_FAILED)
+
+    def _print_traceback(self, exc_type, exc, tb) -> None:
+        try:
+            (self._previous_hook or sys.__excepthook__)(exc_type, exc, tb)
+        except Exception:  # noqa: BLE001 - a broken hook must not stop the report
+            traceback.print_exception(exc_type, exc, tb)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.state == "running":
+            self._set_state("terminated")
+        self._say(f"hvd_balance: rank {self.rank} got SIGTERM (the launcher is stopping the "
+                  f"job); exiting within {self.term_grace_s:g} s")
+        threading.Thread(target=self._exit_after_grace, daemon=True).start()
+
+    def _exit_after_grace(self) -> None:
+        time.sleep(self.term_grace_s)
+        if not self._claim():
+            return
+        why = self.explain(0.0)
+        self._say(f"hvd_balance: rank {self.rank} ({self.host}, pid {self.pid}) stops on "
+                  f"SIGTERM: {why}")
+        self._cleanup_if_last()
+        os._exit(EXIT_TERMINATED)
+
+    def _cleanup_if_last(self) -> None:
+        """Remove the job directory if no other rank of this host is still alive."""
+        alive = [p for p in self.peers if p["host"] == self.host and p["rank"] != self.rank
+                 and _process_state(p["pid"]) not in (None, "Z", "X", "x")]
+        if not alive:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _at_exit(self) -> None:
+        self._stop_beat.set()
+        if self.state in ("running", "terminated"):
+            self._set_state("exited")
+        if all((self._read(p["rank"]) or {}).get("state") == "exited"
+               for p in self.peers if p["host"] == self.host):
+            shutil.rmtree(self.directory, ignore_errors=True)
