@@ -1,11 +1,17 @@
-"""Live telemetry and adaptive rebalancing on real ranks while one rank slows down."""
+"""Live telemetry and adaptive rebalancing on real ranks while one rank slows down.
 
+The structural facts (identical plans and decisions on every rank, equal steps, no sample lost
+or repeated) must hold in every run. The timing facts (when the plan changes, how balanced it
+gets) depend on a shared 2-core machine, so a scenario may run twice and must meet them in
+one of the two runs.
+"""
 import numpy as np
 import pytest
 
 from _helpers import run_ranks
 
 SCRIPT = "tests/rank_scripts/drift_fit.py"
+ATTEMPTS = 2
 
 
 def assert_consistent(per_rank, epochs):
@@ -19,42 +25,59 @@ def assert_consistent(per_rank, epochs):
         assert len(seen) == a["len"] * 256 == len(np.unique(seen))
 
 
+def run_scenario(args, epochs, timing_problems):
+    """Run drift_fit.py with ``args`` up to ATTEMPTS times; return the first run whose
+    timing_problems(per_rank) is empty, or fail with each run's problems."""
+    seen = []
+    for _ in range(ATTEMPTS):
+        run = run_ranks(SCRIPT, np=2, args=args, timeout=180)
+        assert run.returncode == 0, run.stdout[-3000:]
+        per_rank = run.results()
+        assert_consistent(per_rank, epochs)
+        problems = timing_problems(per_rank)
+        if not problems:
+            return per_rank
+        seen.append(problems)
+    pytest.fail(f"timing targets missed in all {ATTEMPTS} runs: {seen}")
+
+
 @pytest.mark.timeout(420)
 def test_plan_follows_a_rank_that_slows_down():
     epochs, slow_from = 8, 3
-    run = run_ranks(SCRIPT, np=2, args=[epochs, slow_from, 15, "epoch"], timeout=360)
-    assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = run.results()
-    assert_consistent(per_rank, epochs)
-    history = per_rank[0]["history"]
-    changes = [h for h in history if h["changed"] and h["epoch"] >= slow_from]
-    assert changes and changes[0]["epoch"] <= slow_from + 1, history  # within two epochs
-    first = changes[0]
-    assert first["batch_sizes"][1] < history[slow_from - 1]["batch_sizes"][1]  # less for rank 1
-    after = [h["efficiency"] for h in history if h["epoch"] > first["epoch"]]
-    assert np.median(after) >= 0.9, history
-    # The telemetry reaches the Keras logs of every epoch.
-    logs = per_rank[0]["logs"][-1]
+
+    def problems(per_rank):
+        history = per_rank[0]["history"]
+        changes = [h for h in history if h["changed"] and h["epoch"] >= slow_from]
+        if not changes or changes[0]["epoch"] > slow_from + 1:  # within two epochs
+            return f"no change within two epochs of the slowdown: {history}"
+        first = changes[0]
+        if first["batch_sizes"][1] >= history[slow_from - 1]["batch_sizes"][1]:
+            return f"rank 1 did not get less work: {history}"
+        after = [h["efficiency"] for h in history if h["epoch"] > first["epoch"]]
+        if np.median(after) < 0.9:
+            return f"efficiency after the change {after}"
+        return None
+
+    per_rank = run_scenario([epochs, slow_from, 15, "epoch"], epochs, problems)
+    logs = per_rank[0]["logs"][-1]  # the telemetry reaches the Keras logs of every epoch
     assert {"rank0_busy_ms", "rank1_busy_ms", "rank1_local_batch", "balance_efficiency"} <= set(logs)
 
 
 @pytest.mark.timeout(420)
 def test_steady_speeds_do_not_oscillate():
-    run = run_ranks(SCRIPT, np=2, args=[6, 99, 0, "epoch"], timeout=360)
-    assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = run.results()
-    assert_consistent(per_rank, 6)
-    later = [h for h in per_rank[0]["history"] if h["epoch"] >= 1]
-    assert not any(h["changed"] for h in later), per_rank[0]["history"]
+    def problems(per_rank):
+        later = [h for h in per_rank[0]["history"] if h["epoch"] >= 1 and h["changed"]]
+        return f"the plan changed after the first epoch: {later}" if later else None
+
+    run_scenario([6, 99, 0, "epoch"], 6, problems)
 
 
 @pytest.mark.timeout(420)
 def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
-    run = run_ranks(SCRIPT, np=2, args=[4, 2, 15, 6], timeout=360)
-    assert run.returncode == 0, run.stdout[-3000:]
-    per_rank = run.results()
-    assert_consistent(per_rank, 4)
-    history = per_rank[0]["history"]
-    assert {h["step"] for h in history} <= {0, 12}      # decisions only for boundaries
-    mid_epoch = [h for h in history if h["step"] == 12 and h["changed"]]
-    assert mid_epoch, history
+    def problems(per_rank):
+        history = per_rank[0]["history"]
+        assert {h["step"] for h in history} <= {0, 12}  # decisions only for boundaries
+        mid_epoch = [h for h in history if h["step"] == 12 and h["changed"]]
+        return None if mid_epoch else f"no change at a mid-epoch boundary: {history}"
+
+    run_scenario([4, 2, 15, 6], 4, problems)

@@ -59,7 +59,7 @@ class Audit(tf.keras.callbacks.Callback):
 
 audit = Audit()
 model.fit(data, epochs=epochs, verbose=0, callbacks=[
-    hvd.callbacks.BroadcastGlobalVariablesCallback(0), audit, balancer])
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, audit])
 print("RESULT " + json.dumps({"rank": rank, "plans": audit.plans, "history": balancer.history,
                               "steps": audit.steps, "len": len(data), "indices": audit.indices,
                               "logs": audit.logs}), flush=True)
