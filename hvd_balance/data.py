@@ -81,8 +81,8 @@ class BalancedData(tf.data.Dataset):
         rank, world_size: default to Horovod's (1 rank without Horovod).
         segment_steps: steps per segment, the granularity at which a plan may change inside
             an epoch (default: the whole epoch).
-        prefetch: batches to prefetch (default ``tf.data.AUTOTUNE``; with ``segment_steps``,
-            at most ``segment_steps // 2`` so a plan decided one segment ahead is in time).
+        prefetch: batches to prefetch (default 2; with ``segment_steps``,
+            ``segment_steps // 2`` so a plan decided one segment ahead is in time).
 
     Raises:
         ValueError: if ``x`` and ``y`` differ in length, the data set is smaller than one
@@ -132,7 +132,7 @@ class BalancedData(tf.data.Dataset):
                      "of each epoch (different ones each epoch when shuffling)",
                      n, self.global_batch_size, self.steps, self.remainder)
 
-        self._prefetch = tf.data.AUTOTUNE if prefetch is None else prefetch
+        self._prefetch = 2 if prefetch is None else prefetch
         self._pipeline = self._make_pipeline(self._batches, self.steps)
         super().__init__(self._pipeline._variant_tensor)
 
@@ -272,7 +272,14 @@ class BalancedData(tf.data.Dataset):
         if self.load_fn is not None:
             ds = ds.flat_map(self._load_batch)
         ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
-        return ds.prefetch(self._prefetch)
+        ds = ds.prefetch(self._prefetch)
+        # With autotuning on, deleting an iterator (Keras does at every epoch end) waits for
+        # the autotune thread to wake from its sleep: seconds between epochs on a slow rank,
+        # which every other rank then waits for (BENCHMARKS.md). The batches come from a
+        # Python generator; there is little here to tune.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return ds.with_options(options)
 
     def _batch_spec(self):
         if self.load_fn is not None:

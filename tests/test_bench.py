@@ -139,7 +139,7 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
     assert r0["step_s"] == pytest.approx(r1["step_s"], abs=0.01), result
     # The LoadBalancer's benchmark step pays the delay too; inference does not.
     assert r1["bench_step_s"] >= delay_s > r0["bench_step_s"], result
-    assert r1["predict_s"] < delay_s / 2, result
+    assert r1["predict_s"] < r0["predict_s"] + delay_s / 2, result
 
 
 @needs_emulation
