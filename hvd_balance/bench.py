@@ -525,39 +525,6 @@ def _worker_classes():
     return StepDelay, StepTiming, TimedSequential, StepRecorder, Mark
 
 
-def patch_step_timer() -> None:
-    """Make :class:`hvd_balance.benchmark.StepTimer` time the whole step (``--patched-step-timer``).
-
-    Its step used to update scratch copies by ``0.0 * g``; grappler folds that product to
-    zeros, so the backward pass was pruned and only the forward pass was timed. The fix (the
-    zero is a variable, which cannot be folded) landed in ``benchmark.py`` in commit 36b3e9a;
-    this equivalent one (dense gradients) stays so that the commands recorded in
-    BENCHMARKS.md, which ran before that commit, reproduce. Applied in the worker only.
-    """
-    import tensorflow as tf
-    from hvd_balance import benchmark
-
-    def _build(self):
-        model = self.model
-        self._scratch = [tf.Variable(v, trainable=False) for v in model.trainable_variables]
-        self._zero = tf.Variable(0.0, trainable=False, name="hvd_balance_benchmark_zero")
-
-        @tf.function(reduce_retracing=True)
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = model.compute_loss(x, y, y_pred)
-            grads = tape.gradient(loss, model.trainable_variables)
-            updates = [s.assign_sub(tf.cast(self._zero, g.dtype) * g)
-                       for s, g in zip(self._scratch, grads) if g is not None]
-            with tf.control_dependencies(updates):
-                return tf.identity(loss)
-
-        self._step = step
-
-    benchmark.StepTimer._build = _build
-
-
 def run_worker(args) -> int:
     """One job on every rank; rank 0 writes ``{"ranks": [...], ...}`` to ``args.job_out``."""
     import numpy as np
@@ -569,8 +536,6 @@ def run_worker(args) -> int:
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    if args.patched_step_timer:
-        patch_step_timer()
     delay_ms = float(os.environ.get(ENV_STEP_DELAY_MS) or 0.0)
     StepDelay, StepTiming, TimedSequential, StepRecorder, Mark = _worker_classes()
     tf.keras.utils.set_random_seed(args.seed)
@@ -939,9 +904,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tf-data-autotune", action="store_true",
                    help="leave tf.data autotuning on for the training input (default: off)")
     p.add_argument("--patched-step-timer", action="store_true",
-                   help="time the LoadBalancer's benchmark step with the backward pass "
-                        "(the fix benchmark.py has had since 36b3e9a; kept to rerun older "
-                        "commands)")
+                   help="no effect: benchmark.py times the backward pass since 36b3e9a; "
+                        "accepted so the commands recorded in BENCHMARKS.md rerun as written")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="extra environment variable for the ranks (repeatable)")
     p.add_argument("--out", default="results/bench.json", help="the JSON report")
