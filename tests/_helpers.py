@@ -217,6 +217,18 @@ def _stop(proc: subprocess.Popen, emulated: bool) -> None:
             print(f"_helpers: could not remove the launcher's groups: {e}", file=sys.stderr)
 
 
+def can_emulate() -> bool:
+    """Whether this machine can run emulated ranks: root and a usable cgroup cpu controller."""
+    if os.geteuid() != 0:
+        return False
+    from hvd_balance import emulate
+    try:
+        emulate.find_cpu_controller()
+    except emulate.EmulationError:
+        return False
+    return True
+
+
 def run_pids(run_id: str) -> List[int]:
     """Live processes (not zombies) whose environment carries ``RUN_ID_VAR=run_id``."""
     needle = f"{RUN_ID_VAR}={run_id}".encode()

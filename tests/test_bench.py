@@ -1,29 +1,19 @@
 """hvd_balance.bench: the figures' formulas, the per-step timing on real ranks, and a smoke run."""
 
 import json
-import os
 import subprocess
 
 import pytest
 
-from _helpers import PYTHON, REPO, rank_env, run_ranks
+from _helpers import can_emulate, PYTHON, REPO, rank_env, run_ranks
 from hvd_balance import bench
 
 STEP_TIMING = "tests/rank_scripts/bench_step_timing.py"
 
 
-def _can_emulate():
-    if os.geteuid() != 0:
-        return False
-    from hvd_balance import emulate
-    try:
-        emulate.find_cpu_controller()
-    except emulate.EmulationError:
-        return False
-    return True
 
 
-needs_emulation = pytest.mark.skipif(not _can_emulate(),
+needs_emulation = pytest.mark.skipif(not can_emulate(),
                                      reason="needs root and a cgroup cpu controller")
 
 

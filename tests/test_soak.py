@@ -7,13 +7,11 @@ Runs in about a minute (44 s measured on a 2-core machine); the peak resident me
 start and end of each rank is printed (``pytest -s`` or ``-rP`` shows it).
 """
 import inspect
-import os
 
 import pytest
 
 import hvd_balance
-from hvd_balance import emulate
-from _helpers import run_ranks
+from _helpers import can_emulate, run_ranks
 
 SCRIPT = "tests/rank_scripts/soak_fit.py"
 EPOCHS = 50
@@ -22,17 +20,9 @@ THROTTLE = "0:10-24:10,1:25-39:10"
 RSS_GROWTH_MB = 50  # allowed growth of resident memory from epoch 5 to the end
 
 
-def _can_emulate():
-    if os.geteuid() != 0:
-        return False
-    try:
-        emulate.find_cpu_controller()
-    except emulate.EmulationError:
-        return False
-    return True
 
 
-@pytest.mark.skipif(not _can_emulate(), reason="needs root and a cgroup cpu controller")
+@pytest.mark.skipif(not can_emulate(), reason="needs root and a cgroup cpu controller")
 @pytest.mark.skipif("rebalance" not in inspect.signature(hvd_balance.LoadBalancer).parameters,
                     reason="waits for LoadBalancer(data, rebalance='epoch')")
 @pytest.mark.timeout(600)
