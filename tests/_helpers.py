@@ -7,6 +7,7 @@ Usage::
     run = run_ranks("tests/rank_scripts/gradient_equivalence.py", np=2, args=["5,17"], timeout=240)
     assert run.returncode == 0, run.stdout[-3000:]
     rank1 = run.rank_lines(1)                  # rank 1's stdout lines, prefix removed
+    per_rank = run.results()                   # {rank: what the script passed to _result.emit}
 
     run = run_ranks(SCRIPT, np=2, cpu_shares=[1.0, 0.25])   # through hvd_balance.emulate (root)
 
@@ -52,6 +53,8 @@ DEFAULT_ENV = {
 HOST_OPTIONS = {"-H", "--hosts", "-hostfile", "--hostfile", "--host-discovery-script"}
 # Every process of one run carries this variable with the run's id, so leftovers can be found.
 RUN_ID_VAR = "HVD_BALANCE_TEST_RUN"
+# The folder where rank scripts write their results (tests/rank_scripts/_result.py).
+RESULTS_DIR_VAR = "HVD_BALANCE_TEST_RESULTS"
 # How long the emulation launcher gets, after SIGTERM, to stop its ranks and remove its groups.
 LAUNCHER_GRACE_S = 20.0
 # How long processes of a finished run may take to exit by themselves before they are killed.
@@ -87,21 +90,23 @@ class Result:
         command: the command that was run.
         leftovers: pids of the run's processes still alive after it ended (or was
             stopped), which the helper then killed; empty when the run cleaned up itself.
+        result_files: ``{file name: text}`` of what the ranks wrote with
+            ``_result.emit`` (``rank<r>.json``).
     """
 
     returncode: int
     stdout: str
     command: List[str]
     leftovers: List[int] = dataclasses.field(default_factory=list)
+    result_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
-    def results(self, marker: str = "RESULT ") -> dict:
-        """``{rank: object}`` from each line ``<marker><json>`` that rank scripts print
-        (the JSON object carries its ``"rank"``)."""
+    def results(self) -> dict:
+        """``{rank: object}``: what each rank script handed over with ``_result.emit``
+        (the object carries its ``"rank"``); ranks that emitted nothing are missing."""
         out = {}
-        for line in self.stdout.splitlines():
-            if marker in line:
-                value = json.loads(line.split(marker, 1)[1])
-                out[value["rank"]] = value
+        for text in self.result_files.values():
+            value = json.loads(text)
+            out[value["rank"]] = value
         return out
 
     def rank_lines(self, rank: int, stream: Optional[str] = "stdout") -> List[str]:
@@ -161,8 +166,13 @@ def run_ranks(script_or_cmd: Union[str, os.PathLike, Sequence[str]], np: int,
                    "--cpu-shares", ",".join(str(float(s)) for s in cpu_shares), "-np", str(np),
                    *map(str, launcher_args), "--", *rank_cmd]
         run_id = uuid.uuid4().hex
-        return _run(cmd, rank_env({**(env or {}), RUN_ID_VAR: run_id}), timeout, run_id,
-                    emulated=cpu_shares is not None)
+        with tempfile.TemporaryDirectory(prefix="rank_results_") as results_dir:
+            result = _run(cmd, rank_env({RESULTS_DIR_VAR: results_dir, **(env or {}),
+                                         RUN_ID_VAR: run_id}),
+                          timeout, run_id, emulated=cpu_shares is not None)
+            result.result_files = {p.name: p.read_text()
+                                   for p in sorted(Path(results_dir).glob("rank*.json"))}
+        return result
     finally:
         if tmp is not None:
             os.unlink(tmp.name)

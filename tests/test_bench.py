@@ -114,11 +114,8 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
     delay_ms = 80
     run = run_ranks(STEP_TIMING, np=2, args=[str(delay_ms)], timeout=200)
     assert run.returncode == 0, run.stdout[-3000:]
-    result = {}
-    for rank in (0, 1):
-        lines = [l for l in run.rank_lines(rank) if l.startswith("RESULT ")]
-        assert lines, run.stdout[-3000:]
-        result[rank] = json.loads(lines[-1][len("RESULT "):])
+    result = run.results()
+    assert result.keys() == {0, 1}, run.stdout[-3000:]
     r0, r1 = result[0], result[1]
     assert r0["steps"] == r1["steps"] == [12, 12]
     delay_s = delay_ms / 1e3

@@ -74,12 +74,12 @@ def test_a_rank_that_raises_mid_epoch_stops_every_rank_and_the_checkpoint_resume
     resumed = run_ranks(FIT, np=2, args=[out, "resume"], timeout=150)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     saved_loss = checkpoints(run)[1]
+    results = resumed.results()
     for rank in range(2):
         loaded = [l.split() for l in resumed.rank_lines(rank) if l.startswith("LOADED ")]
         # the very weights saved, and the optimizer's state (its step counter) with them
         assert loaded == [["LOADED", "1", f"{saved_loss:.8f}", "10"]]
-        (result,) = [json.loads(l[len("RESULT "):]) for l in resumed.rank_lines(rank)
-                     if l.startswith("RESULT ")]
+        result = results[rank]
         assert result["initial_epoch"] == 1 and result["epochs_run"] == 3
         assert all(math.isfinite(v) for v in result["loss"])
         assert result["eval_loss"] < saved_loss  # it trains on from there

@@ -6,7 +6,6 @@ MODE "audit": benchmark, plan and train 3 epochs with validation; print per rank
 MODE "save PATH": as audit, writing the plan to PATH; "load PATH": as audit, using PATH.
 MODE one of the bad inputs below: print "ERROR <type>: <message>" and exit 3.
 """
-import json
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_balance
+from _result import emit
 
 hvd.init()
 mode = sys.argv[1]
@@ -76,11 +76,11 @@ per_sample = tf.keras.losses.SparseCategoricalCrossentropy(
 data.set_epoch(1)
 pipeline = np.concatenate([b[0].numpy() for b in data])
 expected = x[:600][np.concatenate(data.indices(1))]
-print("RESULT " + json.dumps({
+emit({
     "rank": rank, "plan": balancer.plan.to_dict(), "steps": counter.steps, "len": len(data),
     "indices": [np.concatenate(data.indices(e)).tolist() for e in range(3)],
     "pipeline_matches_indices": bool(np.array_equal(pipeline, expected)),
     "local_batch": data.local_batch_size, "val_local_batch": val.local_batch_size,
     "val_loss": history.history["val_loss"][-1], "loss": history.history["loss"],
     "val_sum": float(per_sample.sum()), "val_count": int(per_sample.size),
-}), flush=True)
+})

@@ -8,7 +8,6 @@ of the steady epoch's busy and wait seconds per step (as ``hvd_balance.bench`` r
 them), of their sum, of the LoadBalancer's benchmark step (``measure_curve``) and of three
 inference calls (after a first one, which builds the kernels).
 """
-import json
 import statistics
 import sys
 import time
@@ -18,6 +17,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_balance
+from _result import emit
 from hvd_balance import bench
 from hvd_balance.benchmark import measure_curve
 
@@ -45,9 +45,9 @@ for _ in range(3):
     model(x[:32], training=False)
     predict.append(time.perf_counter() - start)
 predict_s = statistics.median(predict)
-print("RESULT " + json.dumps({
+emit({
     "rank": rank, "steps": [len(b) for b in recorder.busy_s],
     "busy_s": statistics.median(busy), "wait_s": statistics.median(wait),
     "step_s": statistics.median(np.add(busy, wait).tolist()),
     "bench_step_s": curve[0][1], "predict_s": predict_s,
-}), flush=True)
+})

@@ -5,7 +5,6 @@ From epoch SLOW_FROM_EPOCH on, rank 1 pays DELAY_MS extra per step (a sleep betw
 which its busy time includes). REBALANCE: "epoch" (default), "off", or a number of steps.
 Prints per rank: RESULT {"rank", "plans", "history", "steps", "indices", "logs"}.
 """
-import json
 import sys
 import time
 
@@ -14,6 +13,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_balance
+from _result import emit
 
 hvd.init()
 epochs, slow_from, delay_ms = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
@@ -60,6 +60,5 @@ class Audit(tf.keras.callbacks.Callback):
 audit = Audit()
 model.fit(data, epochs=epochs, verbose=0, callbacks=[
     hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, audit])
-print("RESULT " + json.dumps({"rank": rank, "plans": audit.plans, "history": balancer.history,
-                              "steps": audit.steps, "len": len(data), "indices": audit.indices,
-                              "logs": audit.logs}), flush=True)
+emit({"rank": rank, "plans": audit.plans, "history": balancer.history,
+      "steps": audit.steps, "len": len(data), "indices": audit.indices, "logs": audit.logs})

@@ -17,7 +17,6 @@ MODE:
 --no-watchdog: do not install hvd_balance.watchdog (to see what Horovod does alone).
 """
 import glob
-import json
 import os
 import re
 import signal
@@ -30,6 +29,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_balance
+from _result import emit
 from hvd_balance import watchdog
 
 hvd.init()
@@ -136,9 +136,8 @@ elif mode == "resume":
     data.set_epoch(initial_epoch)
     history = model.fit(data, epochs=EPOCHS, initial_epoch=initial_epoch, verbose=0,
                         callbacks=callbacks)
-    print("RESULT " + json.dumps({"rank": rank, "initial_epoch": initial_epoch,
-                                  "epochs_run": len(history.history["loss"]),
-                                  "loss": history.history["loss"], "eval_loss": eval_loss()}),
-          flush=True)
+    emit({"rank": rank, "initial_epoch": initial_epoch,
+          "epochs_run": len(history.history["loss"]),
+          "loss": history.history["loss"], "eval_loss": eval_loss()})
 else:
     raise SystemExit(f"unknown mode {mode!r}")

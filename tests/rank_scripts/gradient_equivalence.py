@@ -3,7 +3,6 @@
 Usage: horovodrun -np N python gradient_equivalence.py 5,17,42
 Prints one line per rank: RESULT {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}.
 """
-import json
 import sys
 
 import numpy as np
@@ -11,6 +10,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_balance
+from _result import emit
 
 hvd.init()
 batches = [int(b) for b in sys.argv[1].split(",")]
@@ -59,4 +59,4 @@ for name, (make, x) in cases.items():
     result[f"max_rel_err_{name}"] = err
     result[f"moved_{name}"] = moved
     result[f"weight_{name}"] = opt.gradient_weight.get()
-print("RESULT " + json.dumps(result), flush=True)
+emit(result)

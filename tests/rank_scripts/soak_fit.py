@@ -9,7 +9,6 @@ Prints per rank: RESULT {"rank", "steps", "iterations", "len", "plans", "history
     counter, the plan in force at every step of every epoch (batch sizes), the balancer's
     decisions, and the resident and peak resident memory (MB) at every epoch end.
 """
-import json
 import os
 import resource
 import sys
@@ -21,6 +20,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_balance
+from _result import emit
 
 hvd.init()
 epochs = int(sys.argv[1])
@@ -83,8 +83,8 @@ soak = Soak()
 start = time.perf_counter()
 model.fit(data, epochs=epochs, verbose=0, callbacks=[
     hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, soak])
-print("RESULT " + json.dumps({
+emit({
     "rank": rank, "steps": soak.steps, "iterations": int(model.optimizer.iterations.numpy()),
     "len": len(data), "plans": soak.plans, "history": balancer.history,
     "rss_mb": soak.rss_mb, "peak_rss_mb": soak.peak_rss_mb,
-    "seconds": time.perf_counter() - start}), flush=True)
+    "seconds": time.perf_counter() - start})
