@@ -5,7 +5,7 @@ gradients are weighted by ``b_i / B`` so the update equals the single-device upd
 global batch, and the data is sharded so every rank runs the same number of steps.
 
 The planner (:func:`plan_batches`, :class:`Plan`) needs only numpy; the Keras pieces
-(:class:`BalancedData`, :func:`DistributedOptimizer`, :class:`LoadBalancer`,
+(:class:`BalancedData`, :func:`DistributedOptimizer`, :func:`load_model`, :class:`LoadBalancer`,
 :class:`WeightedMetricAverage`) import TensorFlow when first used.
 """
 
@@ -20,6 +20,7 @@ from .memory import probe_max_batch, resolve_max_batch_sizes
 _LAZY = {
     "BalancedData": "data",
     "DistributedOptimizer": "optimizer",
+    "load_model": "optimizer",
     "LoadBalancer": "load_balancer",
     "WeightedMetricAverage": "metric_average",
     "StepTelemetry": "telemetry",

@@ -13,8 +13,8 @@ A share is a fraction of one core; a share above 1 is more than one core and the
 then pinned to ``ceil(share)`` cores. A short period (default 10 ms) keeps steps from being
 bursty. Each rank starts as a small wrapper (this module with ``--rank-wrapper``) that
 moves itself into its rank's group (its children inherit the group), pins itself with
-``os.sched_setaffinity`` to its cores (rank ``k`` with shares <= 1 gets
-``cores[k % len(cores)]``, so more ranks than cores is allowed), sets
+``os.sched_setaffinity`` to its cores (packed by `assign_cores`: largest share first, each
+on the cores with the most capacity left, so more ranks than cores is allowed), sets
 ``HVD_BALANCE_CPU_SHARE`` and ``HVD_BALANCE_STEP_DELAY_MS`` and execs the command.
 
 The ranks' parent group gets ``--weight`` (default 10) times the kernel's default scheduler
@@ -144,17 +144,24 @@ def quota_us(share: float, period_us: int) -> int:
 
 
 def assign_cores(shares: Sequence[float], cores: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
-    """Cores for each rank: ``ceil(share)`` of them (at most all), handed out round-robin.
+    """Cores for each rank, packed so that no core is asked for more than it has if avoidable.
 
-    With every share <= 1, rank ``k`` gets ``(cores[k % len(cores)],)``.
+    A rank gets ``ceil(share)`` cores (at most all). Ranks are placed largest share first,
+    each on the cores with the most capacity left (ties: the earlier core in ``cores``), and a
+    rank's share is charged evenly to its cores. So ``1.0, 0.5, 0.25, 0.25`` on two cores puts
+    the full-core rank alone on the first core and the three others on the second (one core
+    each, exactly), where round-robin would ask 1.25 cores of the first.
     """
-    assigned = []
-    start = 0
-    for share in shares:
-        count = min(len(cores), max(1, math.ceil(share - 1e-9)))
-        assigned.append(tuple(sorted(cores[(start + j) % len(cores)] for j in range(count))))
-        start += count
-    return tuple(assigned)
+    left = {core: 1.0 for core in cores}
+    order = sorted(range(len(shares)), key=lambda k: (-shares[k], k))
+    assigned: Dict[int, Tuple[int, ...]] = {}
+    for k in order:
+        count = min(len(cores), max(1, math.ceil(shares[k] - 1e-9)))
+        chosen = sorted(cores, key=lambda c: (-left[c], cores.index(c)))[:count]
+        for core in chosen:
+            left[core] -= shares[k] / count
+        assigned[k] = tuple(sorted(chosen))
+    return tuple(assigned[k] for k in range(len(shares)))
 
 
 def _fmt(x: float) -> str:
@@ -573,7 +580,7 @@ def _build_parser() -> argparse.ArgumentParser:
                              "quota even when other work wants the same cores; 1: compete "
                              "as ordinary processes)")
     parser.add_argument("--cores", type=parse_cores, default=None, metavar="C0,C1,...",
-                        help="cores to pin ranks to, round-robin, e.g. 0,1 or 0-3 "
+                        help="cores to pin ranks to, packed largest share first, e.g. 0,1 or 0-3 "
                              "(default: every core this process may use)")
     parser.add_argument("--horovodrun", default=None, metavar="PATH",
                         help="the horovodrun to use (default: the one beside this Python, "

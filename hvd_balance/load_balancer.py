@@ -114,6 +114,24 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         self.history: List[dict] = []
         self._last: List[Dict[str, float]] = []
 
+    def _check_gradient_aggregation(self) -> None:
+        """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
+        one weighted allreduce, so the plan (and the weight) may change only every k steps."""
+        k = getattr(self.model.optimizer, "backward_passes_per_step", 1)
+        if k <= 1:
+            return
+        if self.rebalance == "epoch" and len(self.data) % k:
+            raise ValueError(
+                f"rebalance='epoch' re-plans every {len(self.data)} steps, which is not a "
+                f"multiple of the optimizer's backward_passes_per_step={k}: an aggregated "
+                "gradient would mix two plans' batches under one weight; choose a data size "
+                "or global batch giving a multiple of it, or rebalance every multiple of it")
+        if isinstance(self.rebalance, int) and self.rebalance % k:
+            raise ValueError(
+                f"rebalance={self.rebalance} steps is not a multiple of the optimizer's "
+                f"backward_passes_per_step={k}: an aggregated gradient would mix two plans' "
+                "batches under one weight")
+
     # -- train begin: the first plan ------------------------------------------------------
     def on_train_begin(self, logs=None):
         data = self.data
@@ -125,6 +143,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         if isinstance(self.rebalance, int) and self.rebalance % spe:
             raise ValueError(f"rebalance={self.rebalance} must be a multiple of the model's "
                              f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
+        self._check_gradient_aggregation()
         parameters = (int(sum(int(tf.size(v)) for v in self.model.trainable_variables))
                       if self.model.built else None)
         balancing.check_consistent(

@@ -114,7 +114,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
             "weighted by b_i/B before a Sum allreduce; drop the argument")
 
     distributed = hvd.DistributedOptimizer(optimizer, name=name, op=hvd.Sum, **horovod_kwargs)
-    weight = GradientWeight(1.0 / collective.size())
+    process_set = horovod_kwargs.get("process_set")
+    members = process_set.size() if process_set is not None else collective.size()
+    weight = GradientWeight(1.0 / members)  # Horovod's average until a plan is applied
     timer = StepTelemetry() if telemetry else None
     # Horovod calls self._allreduce_grads(grads, vars) for every allreduce it makes (and its
     # gradient-aggregation helper keeps its own reference): scale just before that call.
@@ -132,6 +134,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
     if getattr(distributed, "_agg_helper", None) is not None:
         distributed._agg_helper.allreduce_grads = weighted_allreduce
     distributed.gradient_weight = weight
+    # Steps whose gradients are summed locally before one allreduce (1: every step).
+    distributed.backward_passes_per_step = int(horovod_kwargs.get("backward_passes_per_step", 1))
     distributed.telemetry = timer
     return distributed
 
@@ -152,3 +156,58 @@ def gradient_weight_of(optimizer) -> Optional[GradientWeight]:
 def telemetry_of(optimizer) -> Optional[StepTelemetry]:
     """The :class:`StepTelemetry` of an optimizer made by :func:`DistributedOptimizer`."""
     return _attribute(optimizer, "telemetry", StepTelemetry)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, **horovod_kwargs):
+    """Load a saved Keras model with its optimizer wrapped by :func:`DistributedOptimizer`.
+
+    The drop-in for ``horovod.tensorflow.keras.load_model``, which would wrap the optimizer
+    in Horovod's *unweighted* average: a run resumed with it trains on with every rank's
+    gradient counting the same whatever its batch. The optimizer's state (step counter,
+    slots such as momentum) comes back as Keras itself restores it: from ``.keras`` and
+    HDF5 files for the new optimizers, from HDF5 files for the legacy ones.
+
+    Args:
+        filepath: the saved model (``model.save(...)`` of a model compiled with
+            :func:`DistributedOptimizer` or with a plain Keras optimizer).
+        custom_optimizers: optimizer classes of your own that the saved model may use (the
+            ``tf.keras`` ones, new and legacy, are known).
+        custom_objects: passed to ``tf.keras.models.load_model``.
+        **horovod_kwargs: passed to :func:`DistributedOptimizer` (``compression``, ...).
+
+    Returns:
+        The compiled model; ``gradient_weight_of(model.optimizer)`` is its weight, ``1 /
+        size`` until a plan is applied.
+
+    Example:
+        ```python
+        model = hvd_balance.load_model("checkpoint.keras")
+        model.fit(data, initial_epoch=resume_epoch, callbacks=[..., hvd_balance.LoadBalancer(data)])
+        ```
+    """
+
+    def wrapping(name, kinds):
+        # Keras rebuilds an optimizer with ``cls.from_config(config)``; this stand-in's
+        # from_config rebuilds it with the class of the config's API (the new optimizers'
+        # configs say ``is_legacy_optimizer: False``, legacy ones lack the key) and wraps it.
+        def from_config(_, config, custom_objects=None):
+            is_legacy = bool(config.get("is_legacy_optimizer", True))
+            cls = kinds.get(is_legacy) or next(iter(kinds.values()))
+            return DistributedOptimizer(cls.from_config(config), **horovod_kwargs)
+        return type(name, (), {"from_config": classmethod(from_config)})
+
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    kinds_by_name: dict = {}  # class name -> {is_legacy: class}
+    for cls in tf.keras.optimizers.Optimizer.__subclasses__():
+        kinds_by_name.setdefault(cls.__name__, {})[False] = cls
+    for cls in legacy.Optimizer.__subclasses__() if legacy is not None else []:
+        kinds_by_name.setdefault(cls.__name__, {})[True] = cls
+    for cls in custom_optimizers or []:  # the user's own class, whichever API it has
+        kinds_by_name[cls.__name__] = {False: cls, True: cls}
+    objects = {}
+    for name, kinds in kinds_by_name.items():
+        # The saved class name is the optimizer's (Horovod's wrapper keeps it); older files
+        # name Keras's own optimizers in lower case.
+        objects[name] = objects[name.lower()] = wrapping(name, kinds)
+    objects.update(custom_objects or {})
+    return tf.keras.models.load_model(filepath, custom_objects=objects)

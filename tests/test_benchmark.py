@@ -169,3 +169,18 @@ def test_measure_curve_times_a_real_model_with_the_injected_clock(caplog):
     assert any(m.startswith("rank 7: dropped 1 of 5 step timings at local batch 16")
                for m in warnings_of(caplog))
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.variables))
+
+
+@pytest.mark.timeout(120)
+def test_the_step_is_traced_once_for_every_batch_size_and_runs_the_backward_pass():
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(3)])
+    model.compile(optimizer="sgd", loss="mse")
+    timer = benchmark.StepTimer(model, (np.ones((8, 4), "float32"), np.zeros((8, 3), "float32")))
+    times = timer.time([3, 8, 20], repeats=2, warmup=1)
+    assert timer.traces == 1
+    assert len(times) == 3 and all(t > 0 for t in times)
+    # the traced step holds the backward pass (its gradients feed the scratch update)
+    graph = timer._step.graph.as_graph_def()
+    assert any("gradient_tape" in node.name for node in graph.node)

@@ -4,6 +4,7 @@ import errno
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 
@@ -375,11 +376,29 @@ def test_quota_settings_for_v1_and_v2():
     assert emulate.quota_settings(1.5, 10_000, 2) == [("cpu.max", "15000 10000")]
 
 
-def test_cores_round_robin_and_shares_above_one_span_cores():
+def test_cores_are_packed_largest_share_first_and_shares_above_one_span_cores():
     assert emulate.assign_cores([1.0, 0.25], (0, 1)) == ((0,), (1,))
     assert emulate.assign_cores([0.5, 0.5, 0.5], (0, 1)) == ((0,), (1,), (0,))
     assert emulate.assign_cores([2.0, 1.0], (0, 1, 2)) == ((0, 1), (2,))
     assert emulate.assign_cores([3.0], (0, 1)) == ((0, 1),)
+    # round-robin would put 1.0 and 0.25 on core 0 (1.25 cores asked of one)
+    assert emulate.assign_cores([1.0, 0.5, 0.25, 0.25], (0, 1)) == ((0,), (1,), (1,), (1,))
+    assert emulate.assign_cores([0.25, 0.25, 0.5, 1.0], (0, 1)) == ((1,), (1,), (1,), (0,))
+    assert emulate.assign_cores([0.5, 1.0], (3, 1)) == ((1,), (3,))  # in the given core order
+
+
+def test_packed_cores_carry_at_most_the_fair_load_plus_one_rank():
+    rng = random.Random(0)
+    for _ in range(300):
+        cores = tuple(range(rng.randint(1, 4)))
+        shares = [rng.choice([0.25, 0.5, 0.75, 1.0]) for _ in range(rng.randint(1, 6))]
+        load = dict.fromkeys(cores, 0.0)
+        for share, got in zip(shares, emulate.assign_cores(shares, cores)):
+            assert len(got) == 1 and got[0] in cores
+            load[got[0]] += share
+        # each rank goes to the least loaded core, so no core exceeds the mean by more than
+        # one rank's share (list scheduling's bound)
+        assert max(load.values()) <= sum(shares) / len(cores) + max(shares) + 1e-9
 
 
 def test_parse_cores_ranges():

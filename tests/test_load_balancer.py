@@ -61,6 +61,8 @@ def test_validation_metric_is_the_global_sample_mean(audit):
     ("caps_too_small", "max_batch_sizes=[20, 20] add up to 40 samples, less than the global batch 64"),
     ("plan_world_size", "it is for 3 ranks, the job has 2"),
     ("plan_global_batch", "its global batch is 80, the job's is 64"),
+    ("aggregation_across_plans", "rebalance='epoch' re-plans every 9 steps, which is not a "
+                                 "multiple of the optimizer's backward_passes_per_step=2"),
 ])
 def test_bad_input_raises_on_every_rank(mode, message):
     run = run_ranks(SCRIPT, np=2, args=[mode], timeout=180)

@@ -78,3 +78,39 @@ def test_telemetry_counts_every_step_and_measures_busy_time():
     assert opt.telemetry.read()["steps"] == 0  # read resets
     off = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), telemetry=False)
     assert off.telemetry is None
+
+
+@pytest.mark.parametrize("legacy,suffix", [(False, ".keras"), (False, ".h5"), (True, ".h5")])
+def test_load_model_wraps_the_saved_optimizer_with_its_state(tmp_path, legacy, suffix):
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    from hvd_balance.optimizer import gradient_weight_of
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
+    sgd = tf.keras.optimizers.legacy.SGD if legacy else tf.keras.optimizers.SGD
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_balance.DistributedOptimizer(sgd(0.1, momentum=0.9)), loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = str(tmp_path / f"model{suffix}")
+    model.save(path)
+
+    loaded = hvd_balance.load_model(path)
+    assert gradient_weight_of(loaded.optimizer) is not None
+    assert gradient_weight_of(loaded.optimizer).get() == 1.0 / hvd.size()
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+    # the momentum carried over: one more step moves both models alike
+    model.train_on_batch(x, y)
+    loaded.train_on_batch(x, y)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_the_first_weight_is_one_over_the_process_set_and_aggregation_is_recorded():
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                           process_set=hvd.global_process_set,
+                                           backward_passes_per_step=3)
+    assert opt.gradient_weight.get() == 1.0 / hvd.global_process_set.size()
+    assert opt.backward_passes_per_step == 3

@@ -22,6 +22,7 @@ rng = np.random.default_rng(0)
 x = rng.normal(size=(700, 10)).astype("float32")
 y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int32")
 global_batch, seed, cap, plan, save = 64, 0, None, None, None
+rebalance, aggregate = "off", {}
 if mode == "global_batch_mismatch":
     global_batch = 64 if rank == 0 else 48
 elif mode == "seed_mismatch":
@@ -36,6 +37,8 @@ elif mode == "load":
     plan = sys.argv[2]
 elif mode == "plan_global_batch":
     plan = hvd_balance.Plan.from_batch_sizes([40] * size)
+elif mode == "aggregation_across_plans":
+    rebalance, aggregate = "epoch", {"backward_passes_per_step": 2}
 
 
 class StepCounter(tf.keras.callbacks.Callback):
@@ -56,10 +59,10 @@ try:
     model = tf.keras.Sequential([tf.keras.Input((10,)), tf.keras.layers.Dense(16, activation="relu"),
                                  tf.keras.layers.Dense(2)])
     loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+    model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), **aggregate),
                   loss=loss, metrics=["accuracy"])
     balancer = hvd_balance.LoadBalancer(data, plan=plan, validation_data=val, max_batch_size=cap,
-                                        save_plan=save, verbose=0)
+                                        save_plan=save, rebalance=rebalance, verbose=0)
     counter = StepCounter()
     history = model.fit(data, validation_data=val, epochs=3, verbose=0, callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer,
