@@ -71,7 +71,7 @@ def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
     """
     sample = next(iter(data.take(1)))
     if max_batch_size == "probe":
-        x, y = sample if isinstance(sample, tuple) else (sample, None)
+        x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(sample)
         probed = probe_max_batch(model, x, y, limit=2 * data.global_batch_size)
         max_batch_size = probed if probed < data.global_batch_size else None
     own_cap = max_batch_size if isinstance(max_batch_size, int) else None

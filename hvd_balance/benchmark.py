@@ -5,8 +5,9 @@ forward pass in training mode, its compiled loss, the backward pass, and an SGD-
 of every trainable weight (applied to scratch copies, so the model and its optimizer are not
 changed; non-trainable state such as BatchNorm statistics is restored afterwards). Batches
 are drawn from the rank's real data, so shapes and dtypes are the ones training will see.
-Each batch size gets warm-up calls (the first traces the function), then ``repeats`` timed
-calls, round-robin over the sizes. No collective runs inside the timed region.
+The step is traced once, with the batch dimension left open, and serves every size. Each
+batch size gets warm-up calls, then ``repeats`` timed calls, round-robin over the sizes. No
+collective runs inside the timed region.
 
 Outliers. A shared machine hiccups: one repeat can take ten times the others, and a rank can
 be so busy with other work that all its timings are noise. So that the plan stays sane:
@@ -77,15 +78,17 @@ class StepTimer:
 
     Args:
         model: a compiled Keras model (its optimizer is not used).
-        sample: one batch ``(x, y)`` or ``x`` from the real data; batches of other sizes are
-            made by tiling and cutting it.
+        sample: one batch from the real data as ``fit`` gets it, ``(x, y)``, ``(x, y,
+            sample_weight)`` or ``x`` (each may be a nest of tensors); batches of other sizes
+            are made by tiling and cutting it.
     """
 
     def __init__(self, model: tf.keras.Model, sample):
         if getattr(model, "compiled_loss", None) is None and getattr(model, "loss", None) is None:
             raise ValueError("the model must be compiled before the load balancer benchmarks it")
         self.model = model
-        self.x, self.y = (sample if isinstance(sample, tuple) and len(sample) == 2 else (sample, None))
+        # Unpacked as Keras's own train_step unpacks what fit feeds it.
+        self.x, self.y, self.sample_weight = tf.keras.utils.unpack_x_y_sample_weight(sample)
         if not model.built:
             model(self.x)  # create the weights outside the compiled step
         self._scratch = None
@@ -93,13 +96,13 @@ class StepTimer:
         self.traces = 0  # how many times the step was traced (once, whatever the sizes)
 
     def _batch(self, size: int):
+        """``(x, y, sample_weight)`` of ``size`` samples (``None`` parts stay ``None``)."""
         def fit(a):
             a = tf.convert_to_tensor(a)
             reps = -(-size // int(a.shape[0]))
             return tf.concat([a] * reps, axis=0)[:size] if reps > 1 else a[:size]
-        x = tf.nest.map_structure(fit, self.x)
-        y = None if self.y is None else tf.nest.map_structure(fit, self.y)
-        return x, y
+        return tuple(None if part is None else tf.nest.map_structure(fit, part)
+                     for part in (self.x, self.y, self.sample_weight))
 
     def _build(self):
         model = self.model
@@ -115,11 +118,11 @@ class StepTimer:
                                                             grad.dense_shape))
             return scratch.assign_sub(tf.cast(self._zero, grad.dtype) * grad)
 
-        def step(x, y=None):
+        def step(x, y, sample_weight):
             self.traces += 1  # Python side effect: runs once per trace
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                loss = model.compute_loss(x, y, y_pred)
+                loss = model.compute_loss(x, y, y_pred, sample_weight)
             grads = tape.gradient(loss, model.trainable_variables)
             updates = [update(s, g) for s, g in zip(self._scratch, grads) if g is not None]
             with tf.control_dependencies(updates):
@@ -131,9 +134,8 @@ class StepTimer:
             a = tf.convert_to_tensor(a)
             return tf.TensorSpec([None, *a.shape[1:]], a.dtype)
 
-        specs = [tf.nest.map_structure(any_batch, self.x)]
-        if self.y is not None:
-            specs.append(tf.nest.map_structure(any_batch, self.y))
+        specs = [None if part is None else tf.nest.map_structure(any_batch, part)
+                 for part in (self.x, self.y, self.sample_weight)]
         self._step = tf.function(step).get_concrete_function(*specs)
 
     def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 2,
@@ -149,8 +151,7 @@ class StepTimer:
         batches = [self._batch(int(s)) for s in sizes]
 
         def run_step(k: int) -> None:
-            x, y = batches[k]
-            (self._step(x) if y is None else self._step(x, y)).numpy()
+            self._step(*batches[k]).numpy()
 
         return robust_step_times(run_step, sizes, repeats=repeats, warmup=warmup, clock=clock,
                                  who=who)
@@ -273,7 +274,7 @@ def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], rep
         sample: a batch from the real data, ``(x, y)`` or ``x``.
         batch_sizes: local batch sizes to time, in samples (ascending).
         repeats: timed calls per size; outliers are dropped and the median kept.
-        warmup: untimed calls per size before timing (the first traces the step).
+        warmup: untimed calls per size before timing.
         clock: the clock around each timed call (tests inject a scripted one).
         rank: names the rank in warnings (default: this Horovod rank).
 

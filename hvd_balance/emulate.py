@@ -144,13 +144,15 @@ def quota_us(share: float, period_us: int) -> int:
 
 
 def assign_cores(shares: Sequence[float], cores: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
-    """Cores for each rank, packed so that no core is asked for more than it has if avoidable.
+    """Cores for each rank, packed largest share first onto the least loaded cores.
 
     A rank gets ``ceil(share)`` cores (at most all). Ranks are placed largest share first,
-    each on the cores with the most capacity left (ties: the earlier core in ``cores``), and a
-    rank's share is charged evenly to its cores. So ``1.0, 0.5, 0.25, 0.25`` on two cores puts
-    the full-core rank alone on the first core and the three others on the second (one core
-    each, exactly), where round-robin would ask 1.25 cores of the first.
+    each on the cores with the most capacity left (ties: the earlier core in ``cores``); a
+    rank above one core is counted as loading its cores evenly (an estimate: the kernel
+    decides). So ``1.0, 0.5, 0.25, 0.25`` on two cores puts the full-core rank alone on the
+    first core and the three others on the second (one core each, exactly), where
+    round-robin would ask 1.25 cores of the first. A heuristic: no core carries more than
+    the mean load plus the largest share, but an exact packing may exist that it misses.
     """
     left = {core: 1.0 for core in cores}
     order = sorted(range(len(shares)), key=lambda k: (-shares[k], k))

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from . import balancing, collective
 from .data import BalancedData
-from .optimizer import gradient_weight_of, telemetry_of
+from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from .plan import Plan
 from .rebalance import Decision, balance_efficiency, decide, robust_busy
 
@@ -58,6 +58,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         rebalance: ``"off"`` (default), ``"epoch"`` (re-plan at every epoch end), or an int
             ``K``: re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
             dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.
+            With an optimizer aggregating ``backward_passes_per_step=k`` steps, the steps
+            per epoch (and ``K``) must be multiples of ``k`` (else a ``ValueError``).
         threshold: minimum predicted gain (fraction of the step time) to change the plan;
             8 % by default: on a shared machine, speeds wander by 5-7 % between epochs.
         save_plan: optional YAML path where rank 0 writes the plan (again after each change).
@@ -116,21 +118,21 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
-        one weighted allreduce, so the plan (and the weight) may change only every k steps."""
-        k = getattr(self.model.optimizer, "backward_passes_per_step", 1)
-        if k <= 1:
+        one weighted allreduce, so the plan (and the weight) may change only every k steps:
+        re-planning happens at epoch ends (and every ``rebalance`` steps when an int)."""
+        k = backward_passes_of(self.model.optimizer)
+        if k <= 1 or self.rebalance == "off":
             return
-        if self.rebalance == "epoch" and len(self.data) % k:
-            raise ValueError(
-                f"rebalance='epoch' re-plans every {len(self.data)} steps, which is not a "
-                f"multiple of the optimizer's backward_passes_per_step={k}: an aggregated "
-                "gradient would mix two plans' batches under one weight; choose a data size "
-                "or global batch giving a multiple of it, or rebalance every multiple of it")
-        if isinstance(self.rebalance, int) and self.rebalance % k:
-            raise ValueError(
-                f"rebalance={self.rebalance} steps is not a multiple of the optimizer's "
-                f"backward_passes_per_step={k}: an aggregated gradient would mix two plans' "
-                "batches under one weight")
+        intervals = {"an epoch": len(self.data)}
+        if isinstance(self.rebalance, int):
+            intervals[f"rebalance={self.rebalance}"] = self.rebalance
+        for what, steps in intervals.items():
+            if steps % k:
+                raise ValueError(
+                    f"the plan can change every {steps} steps ({what}), which is not a "
+                    f"multiple of the optimizer's backward_passes_per_step={k}: an aggregated "
+                    "gradient would mix two plans' batches under one weight; choose a data "
+                    "size and global batch giving a multiple of it, or rebalance='off'")
 
     # -- train begin: the first plan ------------------------------------------------------
     def on_train_begin(self, logs=None):

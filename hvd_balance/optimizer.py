@@ -153,19 +153,27 @@ def gradient_weight_of(optimizer) -> Optional[GradientWeight]:
     return _attribute(optimizer, "gradient_weight", GradientWeight)
 
 
+def backward_passes_of(optimizer) -> int:
+    """Steps whose gradients an optimizer made by :func:`DistributedOptimizer` sums before
+    one allreduce (its ``backward_passes_per_step``; 1 for any other optimizer)."""
+    return _attribute(optimizer, "backward_passes_per_step", int) or 1
+
+
 def telemetry_of(optimizer) -> Optional[StepTelemetry]:
     """The :class:`StepTelemetry` of an optimizer made by :func:`DistributedOptimizer`."""
     return _attribute(optimizer, "telemetry", StepTelemetry)
 
 
-def load_model(filepath, custom_optimizers=None, custom_objects=None, **horovod_kwargs):
+def load_model(filepath, custom_optimizers=None, custom_objects=None, legacy_opts=None,
+               **horovod_kwargs):
     """Load a saved Keras model with its optimizer wrapped by :func:`DistributedOptimizer`.
 
     The drop-in for ``horovod.tensorflow.keras.load_model``, which would wrap the optimizer
     in Horovod's *unweighted* average: a run resumed with it trains on with every rank's
     gradient counting the same whatever its batch. The optimizer's state (step counter,
     slots such as momentum) comes back as Keras itself restores it: from ``.keras`` and
-    HDF5 files for the new optimizers, from HDF5 files for the legacy ones.
+    HDF5 files for the new optimizers, from HDF5 files for the legacy ones (a SavedModel
+    directory restores none).
 
     Args:
         filepath: the saved model (``model.save(...)`` of a model compiled with
@@ -173,11 +181,17 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, **horovod_
         custom_optimizers: optimizer classes of your own that the saved model may use (the
             ``tf.keras`` ones, new and legacy, are known).
         custom_objects: passed to ``tf.keras.models.load_model``.
+        legacy_opts: accepted for ``hvd.load_model``'s signature and ignored: the file says
+            which optimizer API it holds.
         **horovod_kwargs: passed to :func:`DistributedOptimizer` (``compression``, ...).
 
     Returns:
         The compiled model; ``gradient_weight_of(model.optimizer)`` is its weight, ``1 /
         size`` until a plan is applied.
+
+    Raises:
+        ValueError: if the model was saved with a mixed-precision (loss-scale) optimizer
+            whose inner optimizer was not a :func:`DistributedOptimizer`.
 
     Example:
         ```python
@@ -185,6 +199,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, **horovod_
         model.fit(data, initial_epoch=resume_epoch, callbacks=[..., hvd_balance.LoadBalancer(data)])
         ```
     """
+    del legacy_opts
 
     def wrapping(name, kinds):
         # Keras rebuilds an optimizer with ``cls.from_config(config)``; this stand-in's
@@ -196,11 +211,14 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, **horovod_
             return DistributedOptimizer(cls.from_config(config), **horovod_kwargs)
         return type(name, (), {"from_config": classmethod(from_config)})
 
+    def plain(classes):  # loss-scale wrappers are rebuilt by Keras around a wrapped inner one
+        return [c for c in classes if "LossScaleOptimizer" not in c.__name__]
+
     legacy = getattr(tf.keras.optimizers, "legacy", None)
     kinds_by_name: dict = {}  # class name -> {is_legacy: class}
-    for cls in tf.keras.optimizers.Optimizer.__subclasses__():
+    for cls in plain(tf.keras.optimizers.Optimizer.__subclasses__()):
         kinds_by_name.setdefault(cls.__name__, {})[False] = cls
-    for cls in legacy.Optimizer.__subclasses__() if legacy is not None else []:
+    for cls in plain(legacy.Optimizer.__subclasses__() if legacy is not None else []):
         kinds_by_name.setdefault(cls.__name__, {})[True] = cls
     for cls in custom_optimizers or []:  # the user's own class, whichever API it has
         kinds_by_name[cls.__name__] = {False: cls, True: cls}
@@ -210,4 +228,33 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, **horovod_
         # name Keras's own optimizers in lower case.
         objects[name] = objects[name.lower()] = wrapping(name, kinds)
     objects.update(custom_objects or {})
-    return tf.keras.models.load_model(filepath, custom_objects=objects)
+    model = tf.keras.models.load_model(filepath, custom_objects=objects)
+    if model.optimizer is not None and gradient_weight_of(model.optimizer) is None:
+        # Saved with a plain Keras optimizer, which Keras rebuilds from its own module
+        # without asking custom_objects: wrap it now and carry its state over.
+        _wrap_loaded_optimizer(model, horovod_kwargs)
+    return model
+
+
+def _wrap_loaded_optimizer(model: tf.keras.Model, horovod_kwargs) -> None:
+    loaded = model.optimizer
+    if not _is_keras_optimizer(loaded):
+        raise ValueError(
+            f"the saved model's optimizer is {type(loaded).__name__}, whose inner optimizer "
+            "is not an hvd_balance.DistributedOptimizer; load it with "
+            "tf.keras.models.load_model and compile it with hvd_balance.DistributedOptimizer")
+    wrapped = DistributedOptimizer(loaded, **horovod_kwargs)  # rebuilt from loaded's config
+    saved = list(loaded.variables())  # a method on legacy optimizers, a callable list on new
+    if saved:
+        if hasattr(wrapped, "build"):
+            wrapped.build(model.trainable_variables)
+        else:  # legacy: slots are made on first use
+            wrapped._create_all_weights(model.trainable_variables)
+        fresh = list(wrapped.variables())
+        if len(fresh) != len(saved):
+            raise ValueError(f"could not carry the saved {type(loaded).__name__} state over: "
+                             f"{len(saved)} variables saved, {len(fresh)} rebuilt")
+        for target, value in zip(fresh, saved):
+            target.assign(value)
+    model.optimizer = wrapped
+    model.train_function = None  # traced again with the wrapped optimizer

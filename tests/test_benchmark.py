@@ -184,3 +184,27 @@ def test_the_step_is_traced_once_for_every_batch_size_and_runs_the_backward_pass
     # the traced step holds the backward pass (its gradients feed the scratch update)
     graph = timer._step.graph.as_graph_def()
     assert any("gradient_tape" in node.name for node in graph.node)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["dict_x_no_y", "list_x", "sample_weight"])
+def test_the_step_takes_what_fit_takes(kind):
+    import tensorflow as tf
+
+    a, b = tf.keras.Input((4,), name="a"), tf.keras.Input((2,), name="b")
+    out = tf.keras.layers.Dense(3)(tf.keras.layers.Concatenate()([a, b]))
+    model = tf.keras.Model({"a": a, "b": b} if kind == "dict_x_no_y" else [a, b], out)
+    xa, xb = np.ones((8, 4), "float32"), np.ones((8, 2), "float32")
+    y = np.zeros((8, 3), "float32")
+    if kind == "dict_x_no_y":  # a loss of its own, no targets
+        model.add_loss(tf.reduce_mean(tf.square(out)))
+        model.compile(optimizer="sgd")
+        sample = {"a": xa, "b": xb}
+    else:
+        model.compile(optimizer="sgd", loss="mse")
+        sample = ([xa, xb], y, np.ones(8, "float32")) if kind == "sample_weight" else ([xa, xb], y)
+    timer = benchmark.StepTimer(model, sample)
+    times = timer.time([2, 16], repeats=1, warmup=1)
+    assert timer.traces == 1 and len(times) == 2 and all(t > 0 for t in times)
+    if kind == "sample_weight":
+        assert timer.sample_weight is not None

@@ -75,6 +75,7 @@ def test_a_rank_that_raises_mid_epoch_stops_every_rank_and_the_checkpoint_resume
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     saved_loss = checkpoints(run)[1]
     results = resumed.results()
+    assert results.keys() == {0, 1}, resumed.stdout[-4000:]
     for rank in range(2):
         loaded = [l.split() for l in resumed.rank_lines(rank) if l.startswith("LOADED ")]
         # the very weights saved, and the optimizer's state (its step counter) with them

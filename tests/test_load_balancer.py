@@ -1,6 +1,8 @@
 """LoadBalancer end to end on real ranks: identical plans, equal steps, disjoint shards,
 weighted metrics, and bad input raising the same error on every rank (never a hang)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -61,8 +63,8 @@ def test_validation_metric_is_the_global_sample_mean(audit):
     ("caps_too_small", "max_batch_sizes=[20, 20] add up to 40 samples, less than the global batch 64"),
     ("plan_world_size", "it is for 3 ranks, the job has 2"),
     ("plan_global_batch", "its global batch is 80, the job's is 64"),
-    ("aggregation_across_plans", "rebalance='epoch' re-plans every 9 steps, which is not a "
-                                 "multiple of the optimizer's backward_passes_per_step=2"),
+    ("aggregation_across_plans", "the plan can change every 9 steps (an epoch), which is not "
+                                 "a multiple of the optimizer's backward_passes_per_step=2"),
 ])
 def test_bad_input_raises_on_every_rank(mode, message):
     run = run_ranks(SCRIPT, np=2, args=[mode], timeout=180)
@@ -85,3 +87,31 @@ def test_a_saved_plan_is_reused_by_the_next_run_without_benchmarking(tmp_path):
     # The very same plan, measured curves included (a new benchmark would time differently).
     assert reused[0]["plan"] == reused[1]["plan"] == saved
     assert reused[1]["local_batch"] == saved["batch_sizes"][1]
+
+
+@pytest.mark.parametrize("steps, rebalance, bpps, refused", [
+    (9, "epoch", 2, "every 9 steps (an epoch)"),
+    (10, 6, 2, None),
+    (10, 6, 3, "every 10 steps (an epoch)"),  # K divides, but the epoch-end re-plan does not
+    (12, 6, 4, "every 6 steps (rebalance=6)"),
+    (9, "off", 2, None),                      # the plan never changes
+    (12, "epoch", 4, None),
+])
+def test_gradient_aggregation_must_not_span_a_plan_change(steps, rebalance, bpps, refused):
+    import tensorflow as tf
+    import hvd_balance
+
+    data = hvd_balance.BalancedData(np.zeros((steps * 8, 2), "float32"), global_batch_size=8,
+                                    rank=0, world_size=2, segment_steps=2 if rebalance != "epoch" else None)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_balance.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.1), backward_passes_per_step=bpps), loss="mse")
+    balancer = hvd_balance.LoadBalancer(data, rebalance=rebalance)
+    balancer.set_model(model)
+    assert len(data) == steps
+    if refused is None:
+        balancer._check_gradient_aggregation()
+    else:
+        with pytest.raises(ValueError, match=re.escape(refused) + ".*backward_passes_per_step="
+                           + str(bpps)):
+            balancer._check_gradient_aggregation()

@@ -80,8 +80,11 @@ def test_telemetry_counts_every_step_and_measures_busy_time():
     assert off.telemetry is None
 
 
-@pytest.mark.parametrize("legacy,suffix", [(False, ".keras"), (False, ".h5"), (True, ".h5")])
-def test_load_model_wraps_the_saved_optimizer_with_its_state(tmp_path, legacy, suffix):
+@pytest.mark.parametrize("legacy,suffix,saved_wrapped", [
+    (False, ".keras", True), (False, ".h5", True), (True, ".h5", True),
+    (False, ".keras", False), (False, ".h5", False), (True, ".h5", False)])
+def test_load_model_wraps_the_saved_optimizer_with_its_state(tmp_path, legacy, suffix,
+                                                              saved_wrapped):
     import horovod.tensorflow.keras as hvd
     import numpy as np
     from hvd_balance.optimizer import gradient_weight_of
@@ -90,7 +93,9 @@ def test_load_model_wraps_the_saved_optimizer_with_its_state(tmp_path, legacy, s
     y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
     sgd = tf.keras.optimizers.legacy.SGD if legacy else tf.keras.optimizers.SGD
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
-    model.compile(optimizer=hvd_balance.DistributedOptimizer(sgd(0.1, momentum=0.9)), loss="mse")
+    opt = sgd(0.1, momentum=0.9)
+    model.compile(optimizer=hvd_balance.DistributedOptimizer(opt) if saved_wrapped else opt,
+                  loss="mse")
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     path = str(tmp_path / f"model{suffix}")
     model.save(path)

@@ -21,7 +21,8 @@ def emit(result: dict) -> None:
         print("RESULT " + text, flush=True)
         return
     path = os.path.join(folder, f"rank{int(result['rank'])}.json")
-    with open(path + ".tmp", "w") as f:
+    partial = f"{path}.{os.getpid()}.tmp"  # a restarted rank may write beside its old self
+    with open(partial, "w") as f:
         f.write(text)
-    os.replace(path + ".tmp", path)
+    os.replace(partial, path)
     print(f"RESULT written to {path}", flush=True)

@@ -1,8 +1,8 @@
 """A small balanced training run that reports what every rank did, for the tests to audit.
 
 Usage: horovodrun -np N python balanced_fit.py MODE
-MODE "audit": benchmark, plan and train 3 epochs with validation; print per rank
-    RESULT {"rank", "plan", "steps", "indices", "val_loss", "val_sum", "val_count", ...}.
+MODE "audit": benchmark, plan and train 3 epochs with validation; emit per rank
+    (``_result.emit``) {"rank", "plan", "steps", "indices", "val_loss", "val_sum", "val_count", ...}.
 MODE "save PATH": as audit, writing the plan to PATH; "load PATH": as audit, using PATH.
 MODE one of the bad inputs below: print "ERROR <type>: <message>" and exit 3.
 """

@@ -2,8 +2,8 @@
 
 Usage: horovodrun -np 2 python bench_step_timing.py DELAY_MS
 Rank 1 builds its model with a ``StepDelay`` of DELAY_MS (rank 0 with none), both train a tiny
-model for 2 epochs of 12 steps with ``hvd.DistributedOptimizer``, and each prints one line
-``RESULT {"rank", "busy_s", "wait_s", "step_s", "bench_step_s", "predict_s"}``: the medians
+model for 2 epochs of 12 steps with ``hvd.DistributedOptimizer``, and each emits (``_result.emit``)
+``{"rank", "busy_s", "wait_s", "step_s", "bench_step_s", "predict_s"}``: the medians
 of the steady epoch's busy and wait seconds per step (as ``hvd_balance.bench`` records
 them), of their sum, of the LoadBalancer's benchmark step (``measure_curve``) and of three
 inference calls (after a first one, which builds the kernels).

@@ -3,7 +3,7 @@
 Usage: horovodrun -np 2 python drift_fit.py EPOCHS SLOW_FROM_EPOCH DELAY_MS [REBALANCE]
 From epoch SLOW_FROM_EPOCH on, rank 1 pays DELAY_MS extra per step (a sleep between steps,
 which its busy time includes). REBALANCE: "epoch" (default), "off", or a number of steps.
-Prints per rank: RESULT {"rank", "plans", "history", "steps", "indices", "logs"}.
+Emits per rank (``_result.emit``): {"rank", "plans", "history", "steps", "indices", "logs"}.
 """
 import sys
 import time

@@ -9,7 +9,7 @@ MODE:
         raises a RuntimeError, SIGKILLs itself, or SIGSTOPs itself.
     resume: every rank loads the newest checkpoint in OUT (weights and optimizer state),
         prints "LOADED <epoch> <eval loss> <optimizer steps>", trains the remaining epochs
-        from there and prints RESULT {...}.
+        from there and emits its losses (``_result.emit``).
     save_interrupted: at the end of epoch 1 rank 0 writes OUT/ckpt-slow.weights.h5 slowly
         (a large checkpoint, written in place over about 1.5 s) and prints "SAVED" when done;
         rank 1 SIGKILLs itself as soon as rank 0 has started writing, so the launcher

@@ -1,7 +1,7 @@
 """One SGD step with unequal local batches equals a single process on the global batch.
 
 Usage: horovodrun -np N python gradient_equivalence.py 5,17,42
-Prints one line per rank: RESULT {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}.
+Emits per rank (``_result.emit``): {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}.
 """
 import sys
 

@@ -4,7 +4,7 @@ Usage: python -m hvd_balance.emulate --cpu-shares 1.0,0.5 -np 2 -- python soak_f
 Env HVD_BALANCE_SOAK_THROTTLE: per-step delays, ``rank:first-last:ms`` items separated by
     commas, e.g. ``0:15-29:20,1:30-39:10``: rank 0 sleeps 20 ms before each step of epochs
     15 to 29 (its busy time includes it), then rank 1 10 ms in epochs 30 to 39.
-Prints per rank: RESULT {"rank", "steps", "iterations", "len", "plans", "history",
+Emits per rank (``_result.emit``): {"rank", "steps", "iterations", "len", "plans", "history",
     "rss_mb", "peak_rss_mb", "seconds"}: the steps run per epoch, the optimizer's step
     counter, the plan in force at every step of every epoch (batch sizes), the balancer's
     decisions, and the resident and peak resident memory (MB) at every epoch end.
