@@ -18,7 +18,10 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   measures (:class:`hvd_balance.LoadBalancer` with ``method="proportional"``);
 - ``balanced``: hvd_balance's solver (``LoadBalancer`` with ``method="minmax"``);
 - ``adaptive`` (only when asked for): ``balanced``, re-planned at every epoch end from the
-  measured busy times (``LoadBalancer(rebalance="epoch")``).
+  measured busy times (``LoadBalancer(rebalance="epoch")``);
+- ``telemetry`` (only when asked for): no benchmark phase; equal batches first, re-planned
+  every third of an epoch from the measured busy times (``LoadBalancer(benchmark=False,
+  rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's.
 
 What is measured, per rank and per training step, inside the compiled step (``tf.timestamp``
 ops in the model's ``train_step``, which is Keras's own; identical for all strategies):
@@ -83,9 +86,17 @@ from typing import Any, Dict, List, Optional, Sequence
 
 STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this order
 # "adaptive" (on request): balanced, then re-planned at every epoch end from the measured
-# busy times (LoadBalancer(rebalance="epoch")).
-ALL_STRATEGIES = STRATEGIES + ("adaptive",)
-METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "adaptive": "minmax"}
+# busy times (LoadBalancer(rebalance="epoch")). "telemetry" (on request): no benchmark,
+# equal batches first, re-planned every K steps (LoadBalancer(benchmark=False, rebalance=K)).
+ALL_STRATEGIES = STRATEGIES + ("adaptive", "telemetry")
+METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "adaptive": "minmax",
+             "telemetry": "minmax"}
+
+
+def telemetry_window(steps_per_epoch: int) -> int:
+    """Steps per re-planning window of the ``telemetry`` strategy: a third of an epoch, at
+    least 6 (the LoadBalancer needs 5 timed steps in a window)."""
+    return max(6, steps_per_epoch // 3)
 MODELS = ("cnn", "mlp", "tiny")
 ENV_STEP_DELAY_MS = "HVD_BALANCE_STEP_DELAY_MS"  # set per rank by hvd_balance.emulate
 
@@ -217,6 +228,8 @@ def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
         "benchmark_share": bench_s / run_s if run_s > 0 else None,
         "benchmark_share_5_epochs": bench_s / run5_s if run5_s > 0 else None,
         "run_s": run_s,
+        "first_epoch_s": epoch_s[0],
+        "run_5_epochs_s": run5_s,
         # The planner's predicted step time against the busy time measured in training.
         "busy_over_predicted": ([b / p for b, p in zip(busy_med, predicted)]
                                 if predicted and len(predicted) == len(busy_med) else None),
@@ -256,6 +269,8 @@ def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batc
             "benchmark_share": _median([r["benchmark_share"] for r in runs]),
             "benchmark_share_5_epochs": _median([r["benchmark_share_5_epochs"] for r in runs]),
             "run_s": _median([r["run_s"] for r in runs]),
+            "first_epoch_s": _median([r.get("first_epoch_s") for r in runs]),
+            "run_5_epochs_s": _median([r.get("run_5_epochs_s") for r in runs]),
             "busy_over_predicted": (None if runs[0]["busy_over_predicted"] is None else
                                     [_median([r["busy_over_predicted"][i] for r in runs])
                                      for i in range(n)]),
@@ -541,7 +556,10 @@ def run_worker(args) -> int:
     tf.keras.utils.set_random_seed(args.seed)
     input_shape, layers = _model_parts(args.model)
     x, y = make_data(input_shape, args.samples, args.seed)
-    data = hvd_balance.BalancedData(x, y, global_batch_size=args.global_batch, seed=args.seed)
+    window = (telemetry_window(args.samples // args.global_batch)
+              if args.strategy == "telemetry" else None)
+    data = hvd_balance.BalancedData(x, y, global_batch_size=args.global_batch, seed=args.seed,
+                                    segment_steps=window)
     model = TimedSequential([tf.keras.Input(input_shape), StepDelay(delay_ms), *layers])
     model.step_timing = StepTiming(data.steps)
     sgd = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
@@ -559,7 +577,8 @@ def run_worker(args) -> int:
         balancer = hvd_balance.LoadBalancer(
             data, method=METHOD_OF[args.strategy], verbose=0, repeats=args.benchmark_repeats,
             benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
-            rebalance="epoch" if args.strategy == "adaptive" else "off")
+            benchmark=args.strategy != "telemetry",
+            rebalance={"adaptive": "epoch", "telemetry": window}.get(args.strategy, "off"))
         recorder = StepRecorder(model.step_timing, data)
         callbacks += [before, balancer, after]
     callbacks.append(recorder)
@@ -795,7 +814,7 @@ def _fmt_list(values, scale=1.0, fmt="{:.1f}"):
 def format_summary(report: Dict[str, Any]) -> str:
     """A plain-text table of the summary (also what BENCHMARKS.md tables are made from)."""
     lines = ["strategy      local batches         epoch s  speedup  of ideal  busy ms/step (per rank)"
-             "          wait ms/step (per rank)          eff.   bench s  share  busy/predicted"]
+             "          wait ms/step (per rank)          eff.   bench s  share  5-epoch s  busy/predicted"]
     for name, s in report["strategies"].items():
         if not s:
             lines.append(f"{name:12s}  (no successful job)")
@@ -806,6 +825,7 @@ def format_summary(report: Dict[str, Any]) -> str:
             f"{s.get('speedup', float('nan')):6.2f}x  {s.get('fraction_of_ideal', float('nan')):7.3f}  "
             f"{_fmt_list(s['busy_s'], 1e3):30s}  {_fmt_list(s['wait_s'], 1e3):30s}  "
             f"{s['efficiency']:.3f}  {s['benchmark_phase_s']:6.2f}  {s['benchmark_share']:.3f}  "
+            f"{s.get('run_5_epochs_s') or float('nan'):9.2f}  "
             f"{'-' if ratio is None else _fmt_list(ratio, 1, '{:.2f}')}")
     ideal = report.get("ideal")
     if ideal:
@@ -887,7 +907,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="per rank fixed delay per training step, e.g. 0,15")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated, run in this order in every repetition; also "
-                        "'adaptive' (balanced, re-planned every epoch from measured busy times)")
+                        "'adaptive' (balanced, re-planned every epoch from measured busy times) "
+                        "and 'telemetry' (no benchmark: equal batches, then re-planned every "
+                        "third of an epoch)")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each strategy")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--global-batch", type=int, default=512, help="B, samples per step over all ranks")

@@ -51,6 +51,12 @@ class LoadBalancer(tf.keras.callbacks.Callback):
         max_batch_size: memory cap on the local batch, in samples: this rank's cap (an int,
             may differ per rank), ``"probe"`` (find it by trying), or the same per-rank list
             or per-device mapping (``{"gpu": 512, "cpu": 64}``) on every rank.
+        benchmark: ``True`` (default) times every rank's step before the first epoch;
+            ``False`` skips that phase: training starts from equal batches and re-planning
+            (``rebalance``, required then) finds the balance from the telemetry of the real
+            steps: proportional after the first window, then the line through two windows,
+            which also sees fixed per-step costs. Costs the first window's imbalance instead of
+            a benchmark phase; no memory caps (give a ``plan`` with them instead).
         benchmark_batches: local batch sizes to time (default: around ``B / N``).
         repeats: timed repeats per batch size (median kept); the benchmark makes
             ``len(benchmark_batches) * (repeats + 2)`` step calls, its cost in seconds is
@@ -83,7 +89,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     def __init__(self, data: BalancedData, plan: Union[Plan, dict, str, None] = None, *,
                  validation_data: Optional[BalancedData] = None, method: str = "minmax",
-                 max_batch_size=None, benchmark_batches: Optional[Sequence[int]] = None,
+                 max_batch_size=None, benchmark: bool = True,
+                 benchmark_batches: Optional[Sequence[int]] = None,
                  repeats: int = 5, rebalance: Union[str, int] = "off", threshold: float = 0.08,
                  save_plan: Optional[str] = None, verbose: int = 1):
         super().__init__()
@@ -101,7 +108,14 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 f"rebalance={rebalance} steps needs a data set whose plan can change every "
                 f"{rebalance} steps: build BalancedData with segment_steps dividing {rebalance} "
                 f"(it has segment_steps={data.segment_steps})")
+        if not benchmark and rebalance == "off":
+            raise ValueError("benchmark=False starts from equal batches and needs rebalance "
+                             "('epoch' or a number of steps) to balance them; got rebalance='off'")
+        if not benchmark and max_batch_size is not None:
+            raise ValueError(f"benchmark=False takes no max_batch_size (got {max_batch_size!r}): "
+                             "give a plan with max_batch_sizes, or benchmark")
         self.data = data
+        self.benchmark = bool(benchmark)
         self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
         self.validation_data = validation_data
         self.method = method
@@ -152,9 +166,12 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             "hvd_balance.check_job", world_size=data.world_size,
             global_batch_size=data.global_batch_size, seed=data.seed, shuffle=data.shuffle,
             num_samples=data.num_samples, steps=data.steps, segment_steps=data.segment_steps,
-            rebalance=self.rebalance, plan_given=self.given_plan is not None, parameters=parameters)
+            rebalance=self.rebalance, plan_given=self.given_plan is not None,
+            benchmark=self.benchmark, parameters=parameters)
         if self.given_plan is not None:
             plan = balancing.resolve_given_plan(self.given_plan, data)
+        elif not self.benchmark:
+            plan = Plan.uniform(data.global_batch_size, data.world_size)
         else:
             plan = balancing.benchmark_and_plan(
                 self.model, data, method=self.method, max_batch_size=self.max_batch_size,

@@ -81,3 +81,27 @@ def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
         return None if mid_epoch else f"no change at a mid-epoch boundary: {history}"
 
     run_scenario([4, 2, 15, 6], 4, problems)
+
+
+@pytest.mark.timeout(420)
+def test_without_a_benchmark_the_telemetry_finds_the_balance():
+    # 16 steps an epoch; windows of k = 6 steps; a plan decided after step 6 applies from 12
+    epochs, k = 3, 6
+
+    def problems(per_rank):
+        plans, history = per_rank[0]["plans"], per_rank[0]["history"]
+        if plans[0][0] != [128, 128]:
+            return f"did not start from equal batches: {plans[0][0]}"
+        if not history or not history[0]["changed"] or history[0]["step"] != 2 * k:
+            return f"the first window did not re-plan: {history}"
+        last = plans[-1][-1]
+        if not last[0] > last[1]:
+            return f"the slowed rank 1 does not have the smaller batch at the end: {last}"
+        end = [h["efficiency"] for h in history if h["epoch"] == epochs - 1]
+        if max(end) < 0.85:
+            return f"efficiency in the last epoch {end}: {history}"
+        return None
+
+    # rank 1 pays 15 ms a step from the start, a fixed cost that the first, proportional
+    # re-plan overcharges and the line through two windows then corrects
+    run_scenario([epochs, 0, 15, k, "telemetry"], epochs, problems)

@@ -115,3 +115,15 @@ def test_gradient_aggregation_must_not_span_a_plan_change(steps, rebalance, bpps
         with pytest.raises(ValueError, match=re.escape(refused) + ".*backward_passes_per_step="
                            + str(bpps)):
             balancer._check_gradient_aggregation()
+
+
+def test_without_a_benchmark_rebalancing_is_required_and_caps_come_from_a_plan():
+    import hvd_balance
+
+    data = hvd_balance.BalancedData(np.zeros((64, 2), "float32"), global_batch_size=8, rank=0,
+                                    world_size=2)
+    with pytest.raises(ValueError, match="benchmark=False .* got rebalance='off'"):
+        hvd_balance.LoadBalancer(data, benchmark=False)
+    with pytest.raises(ValueError, match="takes no max_batch_size \\(got 6\\)"):
+        hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch", max_batch_size=6)
+    assert not hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch").benchmark

@@ -1,8 +1,10 @@
 """Training with rebalancing while one rank slows down; every rank reports what it saw.
 
-Usage: horovodrun -np 2 python drift_fit.py EPOCHS SLOW_FROM_EPOCH DELAY_MS [REBALANCE]
+Usage: horovodrun -np 2 python drift_fit.py EPOCHS SLOW_FROM_EPOCH DELAY_MS [REBALANCE [START]]
 From epoch SLOW_FROM_EPOCH on, rank 1 pays DELAY_MS extra per step (a sleep between steps,
 which its busy time includes). REBALANCE: "epoch" (default), "off", or a number of steps.
+START: "benchmark" (default) or "telemetry" (``LoadBalancer(benchmark=False)``: equal batches
+first, no benchmark phase).
 Emits per rank (``_result.emit``): {"rank", "plans", "history", "steps", "indices", "logs"}.
 """
 import sys
@@ -19,6 +21,7 @@ hvd.init()
 epochs, slow_from, delay_ms = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 rebalance = sys.argv[4] if len(sys.argv) > 4 else "epoch"
 rebalance = int(rebalance) if rebalance.isdigit() else rebalance
+start = sys.argv[5] if len(sys.argv) > 5 else "benchmark"
 rank = hvd.rank()
 rng = np.random.default_rng(0)
 x = rng.normal(size=(4096, 16, 16, 1)).astype("float32")
@@ -31,7 +34,8 @@ model = tf.keras.Sequential([tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D
                              tf.keras.layers.Dense(10)])
 model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-balancer = hvd_balance.LoadBalancer(data, rebalance=rebalance, verbose=0)
+balancer = hvd_balance.LoadBalancer(data, rebalance=rebalance, benchmark=start == "benchmark",
+                                    verbose=0)
 
 
 class Audit(tf.keras.callbacks.Callback):
