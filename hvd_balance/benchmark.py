@@ -54,19 +54,22 @@ MIN_STEP_S = 1e-9         # a timing is never taken as zero seconds (a curve nee
 
 
 def candidate_batches(global_batch_size: int, world_size: int,
-                      max_batch_size: Optional[int] = None, points: int = 4) -> List[int]:
+                      max_batch_size: Optional[int] = None, points: int = 3) -> List[int]:
     """Local batch sizes (samples) at which to time a step.
 
-    Spread geometrically around the equal share ``B / N``, from a quarter of it up to what a
-    fast rank may take (at most ``B - (N - 1)`` and the memory cap). Always at least 2 sizes
-    when the range allows, so a fixed per-step cost can be told from a per-sample cost.
+    Spread geometrically around the equal share ``B / N``, from half of it to twice it (at
+    most ``B - (N - 1)`` and the memory cap): ``B / 2N, B / N, 2 B / N`` by default. Always at
+    least 2 sizes when the range allows, so a fixed per-step cost can be told from a
+    per-sample cost. A faster rank's larger batch is extrapolated along the line through the
+    largest two; the slowest rank, which everyone waits for, never times more than ``2 B / N``
+    (the phase costs about ``(repeats + warmup) * 3.5 B / N`` samples of its time).
     """
     share = max(1, global_batch_size // world_size)
     top = global_batch_size - (world_size - 1)
     if max_batch_size is not None:
         top = min(top, int(max_batch_size))
-    lo = max(1, min(share // 4, top))
-    hi = max(lo, min(top, 4 * share if world_size > 1 else share))
+    lo = max(1, min(share // 2, top))
+    hi = max(lo, min(top, 2 * share if world_size > 1 else share))
     if points < 2 or hi == lo:
         return [hi]
     sizes = np.unique(np.round(np.geomspace(lo, hi, points)).astype(int))
@@ -138,7 +141,7 @@ class StepTimer:
                  for part in (self.x, self.y, self.sample_weight)]
         self._step = tf.function(step).get_concrete_function(*specs)
 
-    def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 2,
+    def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 1,
              clock: Clock = time.perf_counter, who: str = "this rank") -> List[float]:
         """Robust seconds of one step at each local batch in ``sizes`` (samples).
 
@@ -204,7 +207,7 @@ def isotonic_median_fit(samples: Sequence[Sequence[float]]) -> List[float]:
 
 
 def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repeats: int = 5,
-                      warmup: int = 2, clock: Clock = time.perf_counter,
+                      warmup: int = 1, clock: Clock = time.perf_counter,
                       who: str = "this rank") -> List[float]:
     """Seconds per step at each of ``sizes``, robust to outlying and noisy timings.
 
@@ -265,7 +268,7 @@ def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repe
 
 
 def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], repeats: int = 5,
-                  warmup: int = 2, clock: Clock = time.perf_counter,
+                  warmup: int = 1, clock: Clock = time.perf_counter,
                   rank: Optional[int] = None) -> Tuple[Curve, float]:
     """Time a step at each of ``batch_sizes``; the model's variables are left unchanged.
 

@@ -57,10 +57,11 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             steps: proportional after the first window, then the line through two windows,
             which also sees fixed per-step costs. Costs the first window's imbalance instead of
             a benchmark phase; no memory caps (give a ``plan`` with them instead).
-        benchmark_batches: local batch sizes to time (default: around ``B / N``).
+        benchmark_batches: local batch sizes to time (default: ``B / 2N``, ``B / N`` and
+            ``2 B / N``, within the caps).
         repeats: timed repeats per batch size (median kept); the benchmark makes
-            ``len(benchmark_batches) * (repeats + 2)`` step calls, its cost in seconds is
-            ``plan.benchmark_s``.
+            ``len(benchmark_batches) * (repeats + 1)`` step calls (one warm-up call each), its
+            cost in seconds is ``plan.benchmark_s``.
         rebalance: ``"off"`` (default), ``"epoch"`` (re-plan at every epoch end), or an int
             ``K``: re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
             dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.

@@ -208,3 +208,14 @@ def test_the_step_takes_what_fit_takes(kind):
     assert timer.traces == 1 and len(times) == 2 and all(t > 0 for t in times)
     if kind == "sample_weight":
         assert timer.sample_weight is not None
+
+
+def test_candidate_batches_span_half_to_twice_the_equal_share_within_caps():
+    assert benchmark.candidate_batches(512, 4) == [64, 128, 256]
+    assert benchmark.candidate_batches(512, 4, max_batch_size=100) == [64, 80, 100]
+    assert benchmark.candidate_batches(512, 4, max_batch_size=40) == [40]
+    assert benchmark.candidate_batches(8, 8) == [1]                 # every rank must take 1
+    assert benchmark.candidate_batches(16, 8) == [1, 2, 4]
+    assert benchmark.candidate_batches(3, 2) == [1, 2]              # at most B - (N - 1)
+    assert benchmark.candidate_batches(256, 1) == [128, 181, 256]   # one rank: its own batch
+    assert benchmark.candidate_batches(512, 4, points=1) == [256]
