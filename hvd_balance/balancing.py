@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import collective
-from .benchmark import candidate_batches, measure_curve
+from .benchmark import StepTimer, candidate_batches, measure_curve, second_round_batch
 from .data import BalancedData
 from .devices import current_device
 from .memory import probe_max_batch, resolve_max_batch_sizes
@@ -62,12 +62,14 @@ def check_consistent(name: str, **values: Any) -> None:
 
 
 def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
-                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5) -> Dict[str, Any]:
+                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5,
+                 timer: Optional[StepTimer] = None) -> Dict[str, Any]:
     """This rank's time curve and facts for planning (runs no collective).
 
     ``max_batch_size`` is this rank's cap in samples, ``"probe"`` to find it by trying
     (:func:`hvd_balance.memory.probe_max_batch`), or a per-rank list / per-device mapping
-    that rank 0 resolves over every rank's device.
+    that rank 0 resolves over every rank's device. ``timer``: a :class:`StepTimer` to time
+    with (default: a new one on a batch of ``data``).
     """
     sample = next(iter(data.take(1)))
     if max_batch_size == "probe":
@@ -77,7 +79,7 @@ def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
     own_cap = max_batch_size if isinstance(max_batch_size, int) else None
     if batch_sizes is None:
         batch_sizes = candidate_batches(data.global_batch_size, data.world_size, own_cap)
-    curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats)
+    curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats, timer=timer)
     return {"curve": curve, "max_batch_size": max_batch_size, "host": collective.hostname(),
             "device": describe_device(), "benchmark_s": seconds}
 
@@ -106,14 +108,50 @@ def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size
 def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = "minmax",
                        max_batch_size=None, batch_sizes=None,
                        repeats: int = 5) -> Plan:
-    """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks."""
-    mine = collective.all_ok(
-        lambda: measure_rank(model, data, max_batch_size, batch_sizes, repeats),
-        name="hvd_balance.benchmark")
-    measurements = collective.allgather_object(mine, name="hvd_balance.curves")
-    return collective.agree(
-        lambda: plan_from_measurements(measurements, data.global_batch_size, method),
-        name="hvd_balance.plan")
+    """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks.
+
+    With the default sizes (``batch_sizes=None``) in two rounds, so that the slowest rank,
+    which everyone waits for, times only small batches: every rank times ``B / 4N`` and
+    ``B / 2N``; a first plan is made from those curves; every rank planned well above its
+    timed batches (a fast one) then times its planned batch, and the final plan uses all
+    the points, so no rank's batch is extrapolated far.
+    """
+    # One step timer for both rounds (its step is traced once); an error making it (say, an
+    # uncompiled model) is raised on every rank.
+    timer = collective.all_ok(lambda: StepTimer(model, next(iter(data.take(1)))),
+                              name="hvd_balance.step_timer")
+
+    def plan(measurements):
+        return collective.agree(
+            lambda: plan_from_measurements(measurements, data.global_batch_size, method),
+            name="hvd_balance.plan")
+
+    measurements = collective.allgather_object(
+        collective.all_ok(lambda: measure_rank(model, data, max_batch_size, batch_sizes, repeats,
+                                               timer=timer),
+                          name="hvd_balance.benchmark"),
+        name="hvd_balance.curves")
+    first = plan(measurements)
+    if batch_sizes is not None or data.world_size == 1:
+        return first
+
+    def time_planned_batch():
+        more = second_round_batch(measurements[data.rank]["curve"], first.batch_sizes[data.rank])
+        if more is None:
+            return {"curve": [], "benchmark_s": 0.0}
+        curve, seconds = measure_curve(model, None, [more], repeats=repeats, timer=timer)
+        return {"curve": curve, "benchmark_s": seconds}
+
+    second = collective.allgather_object(
+        collective.all_ok(time_planned_batch, name="hvd_balance.benchmark_planned"),
+        name="hvd_balance.planned_curves")
+    if not any(m["curve"] for m in second):
+        return first
+    for m, extra in zip(measurements, second):
+        # the planned batch's time, kept non-decreasing along the curve
+        points = m["curve"] + [(b, max(t, m["curve"][-1][1])) for b, t in extra["curve"]]
+        m.update(curve=sorted(points), benchmark_s=m["benchmark_s"] + extra["benchmark_s"])
+    return plan(measurements)
 
 
 def resolve_given_plan(plan, data: BalancedData) -> Plan:

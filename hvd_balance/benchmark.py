@@ -54,26 +54,35 @@ MIN_STEP_S = 1e-9         # a timing is never taken as zero seconds (a curve nee
 
 
 def candidate_batches(global_batch_size: int, world_size: int,
-                      max_batch_size: Optional[int] = None, points: int = 3) -> List[int]:
-    """Local batch sizes (samples) at which to time a step.
+                      max_batch_size: Optional[int] = None, points: int = 2) -> List[int]:
+    """Local batch sizes (samples) at which every rank times its step first.
 
-    Spread geometrically around the equal share ``B / N``, from half of it to twice it (at
-    most ``B - (N - 1)`` and the memory cap): ``B / 2N, B / N, 2 B / N`` by default. Always at
-    least 2 sizes when the range allows, so a fixed per-step cost can be told from a
-    per-sample cost. A faster rank's larger batch is extrapolated along the line through the
-    largest two; the slowest rank, which everyone waits for, never times more than ``2 B / N``
-    (the phase costs about ``(repeats + warmup) * 3.5 B / N`` samples of its time).
+    ``points`` sizes spread geometrically from a quarter to a half of the equal share ``B /
+    N`` (within the memory cap): ``B / 4N`` and ``B / 2N`` by default, cheap even for the
+    slowest rank, which everyone waits for. Two sizes tell a fixed per-step cost from a
+    per-sample cost; a rank planned above them times its planned batch in a second round
+    (:func:`second_round_batch`). One rank alone times its whole batch.
     """
     share = max(1, global_batch_size // world_size)
     top = global_batch_size - (world_size - 1)
     if max_batch_size is not None:
         top = min(top, int(max_batch_size))
-    lo = max(1, min(share // 2, top))
-    hi = max(lo, min(top, 2 * share if world_size > 1 else share))
+    if world_size == 1:
+        return [max(1, min(share, top))]
+    lo = max(1, min(share // 4, top))
+    hi = max(lo, min(top, share // 2))
     if points < 2 or hi == lo:
         return [hi]
     sizes = np.unique(np.round(np.geomspace(lo, hi, points)).astype(int))
     return [int(s) for s in sizes]
+
+
+def second_round_batch(curve: Curve, planned: int, reach: float = 1.25) -> Optional[int]:
+    """The local batch to time in the second round: ``planned`` when it lies beyond the
+    largest timed batch times ``reach`` (the plan extrapolated the curve there), else
+    ``None``."""
+    largest = max(b for b, _ in curve)
+    return int(planned) if planned > reach * largest else None
 
 
 class StepTimer:
@@ -269,7 +278,8 @@ def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repe
 
 def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], repeats: int = 5,
                   warmup: int = 1, clock: Clock = time.perf_counter,
-                  rank: Optional[int] = None) -> Tuple[Curve, float]:
+                  rank: Optional[int] = None,
+                  timer: Optional["StepTimer"] = None) -> Tuple[Curve, float]:
     """Time a step at each of ``batch_sizes``; the model's variables are left unchanged.
 
     Args:
@@ -280,6 +290,7 @@ def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], rep
         warmup: untimed calls per size before timing.
         clock: the clock around each timed call (tests inject a scripted one).
         rank: names the rank in warnings (default: this Horovod rank).
+        timer: a :class:`StepTimer` of the same model to reuse (its step is traced already).
 
     Returns:
         ``(curve, seconds_spent)``: ``curve`` is ``[(local_batch, seconds_per_step), ...]``,
@@ -287,7 +298,7 @@ def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], rep
     """
     who = f"rank {collective.rank() if rank is None else rank}"
     start = time.perf_counter()
-    timer = StepTimer(model, sample)
+    timer = timer if timer is not None else StepTimer(model, sample)
     saved = [tf.identity(v) for v in model.variables]  # BatchNorm statistics and the like
     try:
         seconds = timer.time(batch_sizes, repeats, warmup, clock=clock, who=who)

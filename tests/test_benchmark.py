@@ -210,12 +210,18 @@ def test_the_step_takes_what_fit_takes(kind):
         assert timer.sample_weight is not None
 
 
-def test_candidate_batches_span_half_to_twice_the_equal_share_within_caps():
-    assert benchmark.candidate_batches(512, 4) == [64, 128, 256]
-    assert benchmark.candidate_batches(512, 4, max_batch_size=100) == [64, 80, 100]
-    assert benchmark.candidate_batches(512, 4, max_batch_size=40) == [40]
+def test_first_round_sizes_are_a_quarter_and_a_half_of_the_equal_share_within_caps():
+    assert benchmark.candidate_batches(512, 4) == [32, 64]
+    assert benchmark.candidate_batches(512, 4, max_batch_size=40) == [32, 40]
+    assert benchmark.candidate_batches(512, 4, max_batch_size=20) == [20]
     assert benchmark.candidate_batches(8, 8) == [1]                 # every rank must take 1
-    assert benchmark.candidate_batches(16, 8) == [1, 2, 4]
-    assert benchmark.candidate_batches(3, 2) == [1, 2]              # at most B - (N - 1)
-    assert benchmark.candidate_batches(256, 1) == [128, 181, 256]   # one rank: its own batch
-    assert benchmark.candidate_batches(512, 4, points=1) == [256]
+    assert benchmark.candidate_batches(64, 8) == [2, 4]
+    assert benchmark.candidate_batches(256, 1) == [256]             # one rank: its own batch
+    assert benchmark.candidate_batches(512, 4, points=3) == [32, 45, 64]
+
+
+def test_the_second_round_times_a_planned_batch_beyond_the_timed_ones():
+    curve = [(32, 0.01), (64, 0.02)]
+    assert benchmark.second_round_batch(curve, 200) == 200   # extrapolated: time it
+    assert benchmark.second_round_batch(curve, 80) is None   # within reach of the curve
+    assert benchmark.second_round_batch(curve, 20) is None

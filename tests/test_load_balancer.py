@@ -29,6 +29,12 @@ def test_every_rank_holds_the_same_plan(audit):
     assert sum(plans[0]["batch_sizes"]) == plans[0]["global_batch_size"] == 64
     assert plans[0]["method"] == "minmax" and len(plans[0]["curves"]) == 3
     assert [audit[r]["local_batch"] for r in range(3)] == plans[0]["batch_sizes"]
+    # Two rounds: every rank timed B/4N and B/2N (5 and 10 samples here), then each rank
+    # planned well above them timed its planned batch too.
+    for curve in plans[0]["curves"]:
+        assert [b for b, _ in curve[:2]] == [5, 10] and len(curve) in (2, 3)
+    first_round_only = [len(c) == 2 for c in plans[0]["curves"]]
+    assert not all(first_round_only)  # equal ranks each plan about 21 samples: all retime
 
 
 @pytest.mark.timeout(360)
