@@ -57,11 +57,11 @@ class LoadBalancer(tf.keras.callbacks.Callback):
             steps: proportional after the first window, then the line through two windows,
             which also sees fixed per-step costs. Costs the first window's imbalance instead of
             a benchmark phase; no memory caps (give a ``plan`` with them instead).
-        benchmark_batches: local batch sizes to time (default: ``B / 2N``, ``B / N`` and
-            ``2 B / N``, within the caps).
-        repeats: timed repeats per batch size (median kept); the benchmark makes
-            ``len(benchmark_batches) * (repeats + 1)`` step calls (one warm-up call each), its
-            cost in seconds is ``plan.benchmark_s``.
+        benchmark_batches: local batch sizes to time. Default: two rounds, every rank
+            times ``B / 4N`` and ``B / 2N`` (within the caps), then each rank planned above
+            those times its planned batch, and the plan is made again from all the points.
+        repeats: timed repeats per batch size (median kept), after one warm-up call; the
+            phase's cost in seconds is ``plan.benchmark_s``.
         rebalance: ``"off"`` (default), ``"epoch"`` (re-plan at every epoch end), or an int
             ``K``: re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
             dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.
