@@ -71,15 +71,15 @@ def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
     that rank 0 resolves over every rank's device. ``timer``: a :class:`StepTimer` to time
     with (default: a new one on a batch of ``data``).
     """
-    sample = next(iter(data.take(1)))
+    if timer is None:
+        timer = StepTimer(model, next(iter(data.take(1))))
     if max_batch_size == "probe":
-        x, y, _ = tf.keras.utils.unpack_x_y_sample_weight(sample)
-        probed = probe_max_batch(model, x, y, limit=2 * data.global_batch_size)
+        probed = probe_max_batch(model, timer.x, timer.y, limit=2 * data.global_batch_size)
         max_batch_size = probed if probed < data.global_batch_size else None
     own_cap = max_batch_size if isinstance(max_batch_size, int) else None
     if batch_sizes is None:
         batch_sizes = candidate_batches(data.global_batch_size, data.world_size, own_cap)
-    curve, seconds = measure_curve(model, sample, batch_sizes, repeats=repeats, timer=timer)
+    curve, seconds = measure_curve(model, None, batch_sizes, repeats=repeats, timer=timer)
     return {"curve": curve, "max_batch_size": max_batch_size, "host": collective.hostname(),
             "device": describe_device(), "benchmark_s": seconds}
 

@@ -203,3 +203,18 @@ def test_probe_builds_an_unbuilt_model():
     assert not model.built
     assert probe_max_batch(model, x, np.ones((2, 1), "float32"), start=2, limit=8, safety=1.0, loss="mse") == 8
     assert model.built and len(model.variables) == 4
+
+
+def test_measure_rank_probes_the_cap_with_the_timers_batch():
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    from hvd_balance import BalancedData, balancing
+
+    hvd.init()
+    x = np.zeros((64, 3), "float32")
+    data = BalancedData(x, np.zeros((64, 1), "float32"), global_batch_size=16, rank=0, world_size=1)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    measured = balancing.measure_rank(model, data, max_batch_size="probe", repeats=1)
+    assert measured["max_batch_size"] is None  # no device memory runs out below 2 B here
+    assert [b for b, _ in measured["curve"]] == [16] and measured["curve"][0][1] > 0
