@@ -49,10 +49,27 @@ if ! have "$tf_dist==$TF_VERSION" numpy==1.26.4; then
     "scikit-learn>=1.3,<1.6" "matplotlib>=3.7,<3.10" "psutil>=5" "cmake<4" wheel setuptools
 fi
 
+# One Python process, no pipes: `horovodrun --check-build | grep -q` can fail under pipefail
+# when grep exits before horovodrun has written all it prints.
 hvd_ok() {
-  "$venv/bin/horovodrun" --check-build 2>/dev/null | grep -q '\[X\] TensorFlow' &&
-  "$venv/bin/horovodrun" --check-build 2>/dev/null | grep -q '\[X\] Gloo' &&
-  have "horovod==$HVD_VERSION" && "$vpy" -c 'import horovod.tensorflow.keras' 2>/dev/null
+  have "horovod==$HVD_VERSION" && TF_CPP_MIN_LOG_LEVEL=2 "$vpy" - <<'PY' 2>/dev/null
+import sys
+import horovod.tensorflow as hvd        # fails when the TensorFlow ops were not built
+import horovod.tensorflow.keras         # noqa: F401
+sys.exit(0 if hvd.gloo_built() else 1)
+PY
+}
+
+# What went wrong, on stderr (test.sh keeps only this script's last line of stdout), the
+# checks' own words last.
+explain_failed_build() {
+  log "the end of the build log $build_log:"
+  grep -E "error:|Error|CMake (Error|Warning)" "$build_log" | tail -n 15 >&2 || true
+  tail -n 15 "$build_log" >&2
+  log "horovod $HVD_VERSION is installed but lacks its TensorFlow ops or Gloo:"
+  TF_CPP_MIN_LOG_LEVEL=2 "$vpy" -c \
+    'import horovod.tensorflow.keras, horovod.tensorflow as h; print("gloo_built:", h.gloo_built())' >&2 || true
+  TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/horovodrun" --check-build >&2 || true
 }
 
 if ! hvd_ok; then
@@ -71,9 +88,19 @@ if ! hvd_ok; then
       [ -n "$d" ] && [ ! -x "$d/nvcc" ] && echo "$d"; done | paste -sd: -)
     unset HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_BROADCAST CUDA_HOME
   fi
+  # pip keeps an installed horovod==$HVD_VERSION even when it was built without TensorFlow.
+  vpip uninstall -q -y horovod >/dev/null 2>&1 || true
+  build_log="$venv/horovod-build.log"
   # The pip wheel cache ignores the TensorFlow version; --no-cache-dir keeps the build honest.
-  PATH="$build_path" vpip install --no-cache-dir --no-build-isolation "horovod==$HVD_VERSION"
-  hvd_ok || { log "horovod built without TensorFlow or Gloo:"; "$venv/bin/horovodrun" --check-build; exit 1; }
+  # -v: the compiler's and CMake's output go to the log, shown when something fails.
+  if ! PATH="$build_path" vpip install -v --no-cache-dir --no-binary horovod --no-build-isolation \
+      "horovod==$HVD_VERSION" > "$build_log" 2>&1; then
+    log "pip could not build horovod $HVD_VERSION; the end of $build_log:"
+    tail -n 60 "$build_log" >&2
+    exit 1
+  fi
+  hvd_ok || { explain_failed_build; exit 1; }
+  log "horovod $HVD_VERSION built with TensorFlow and Gloo"
 fi
 
 if ! "$vpy" -c 'import hvd_balance' 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
