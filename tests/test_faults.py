@@ -37,9 +37,16 @@ def checkpoints(run):
 
 
 def exit_codes(run):
-    """Each rank's exit status as horovodrun reports it."""
+    """Each rank's non-zero exit status as horovodrun reports it.
+
+    A rank that exits by itself while horovodrun is terminating it can go unreported: the
+    terminating thread (psutil's ``wait``) may reap the rank's shell before the thread blocked
+    in ``Popen.wait`` does, which then reads 0 (ECHILD) and prints nothing (seen under load).
+    Not anchored at a line start: each rank's thread prints its own status, and two threads'
+    prints can share a line.
+    """
     return {int(m.group(1)): int(m.group(2))
-            for m in re.finditer(r"^Process (\d+) exit with status code (-?\d+)\.", run.stdout, re.M)}
+            for m in re.finditer(r"Process (\d+) exit with status code (-?\d+)\.", run.stdout)}
 
 
 def crash(tmp_path, mode, launcher_args=()):
@@ -51,8 +58,10 @@ def crash(tmp_path, mode, launcher_args=()):
     assert run.returncode != 0, run.stdout[-4000:]
     assert "FINISHED" not in run.stdout
     assert ended - fault_time(run) < BOUND_S, run.stdout[-4000:]
+    # The failed rank's status is reported; rank 0's may not be (see `exit_codes`), and its own
+    # last words are checked by each test (`assert_rank0_names_rank1`).
     codes = exit_codes(run)
-    assert sorted(codes) == [0, 1] and all(c != 0 for c in codes.values()), codes
+    assert codes.get(1, 0) != 0 and set(codes) <= {0, 1}, (codes, run.stdout[-6000:])
     assert not run.leftovers  # no rank outlived the launcher
     return run, out
 
@@ -131,7 +140,7 @@ def test_without_the_watchdog_the_launcher_cuts_a_checkpoint_short(tmp_path):
     run = run_ranks(FIT, np=2, args=[out, "save_interrupted", "--no-watchdog"], timeout=240)
     assert run.returncode != 0
     assert not any(l.startswith("SAVED ") for l in run.rank_lines(0))
-    assert exit_codes(run)[0] == 143  # SIGTERM
+    assert exit_codes(run).get(0, 143) == 143  # SIGTERM (or unreported, see exit_codes)
     written = (out / "ckpt-slow.weights.h5").stat().st_size
     assert written < (out / "staged.weights.h5").stat().st_size
 
