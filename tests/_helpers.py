@@ -60,7 +60,9 @@ LAUNCHER_GRACE_S = 20.0
 # How long processes of a finished run may take to exit by themselves before they are killed.
 LEFTOVER_GRACE_S = 3.0
 
-_PREFIX = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
+# Searched, not matched at the line start: horovodrun prints its own lines in two writes (text,
+# then "\n"; one each under PYTHONUNBUFFERED=1), so a forwarded rank line can follow its text.
+_PREFIX = re.compile(r"\[(\d+)\]<(stdout|stderr)>:(.*)$")
 
 
 def rank_env(env: Optional[Mapping[str, Optional[str]]] = None) -> dict:
@@ -114,7 +116,7 @@ class Result:
         or None for both), in order."""
         lines = []
         for line in self.stdout.splitlines():
-            m = _PREFIX.match(line)
+            m = _PREFIX.search(line)
             if m and int(m.group(1)) == rank and stream in (None, m.group(2)):
                 lines.append(m.group(3))
         return lines

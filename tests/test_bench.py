@@ -123,7 +123,7 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
     assert r1["busy_s"] - r0["busy_s"] == pytest.approx(delay_s, abs=0.03), result
     assert r0["wait_s"] - r1["wait_s"] == pytest.approx(delay_s, abs=0.03), result
     # Busy + wait is the synchronous step, the same on both ranks.
-    assert r0["step_s"] == pytest.approx(r1["step_s"], abs=0.01), result
+    assert r0["step_s"] == pytest.approx(r1["step_s"], abs=0.02), result
     # The LoadBalancer's benchmark step pays the delay too; inference does not.
     assert r1["bench_step_s"] >= delay_s > r0["bench_step_s"], result
     assert r1["predict_s"] < r0["predict_s"] + delay_s / 2, result
@@ -135,7 +135,7 @@ def test_smoke_benchmark_reports_every_figure(tmp_path):
     out, png = tmp_path / "smoke.json", tmp_path / "smoke.png"
     done = subprocess.run(
         [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--out", str(out), "--plot", str(png),
-         "--job-timeout", "100"], cwd=REPO, env=rank_env(), capture_output=True, text=True,
+         "--job-timeout", "60"], cwd=REPO, env=rank_env(), capture_output=True, text=True,
         timeout=220)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
