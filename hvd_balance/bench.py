@@ -11,6 +11,10 @@ quota per rank, and optionally a fixed delay per training step), interleaved
     hvd-balance bench --model cnn --shares 1.0,1.0 --step-delay-ms 0,20 ...
     python -m hvd_balance.bench --smoke --out results/smoke.json   # one tiny repetition
 
+Each job runs in its own session; past ``--job-timeout``, or when the driver gets SIGINT,
+SIGTERM or SIGHUP, the job's launcher is stopped first (it removes its cgroups), then its
+process group.
+
 Strategies (same global batch ``B``, samples, seed, model, data pipeline and step):
 
 - ``uniform``: plain Horovod: local batch ``B / N`` on every rank, ``hvd.DistributedOptimizer``;
@@ -720,7 +724,16 @@ def _tail(path: str, chars: int = 3000) -> str:
         return ""
 
 
+def _exit_on_signal(signum, frame) -> None:
+    """SIGTERM/SIGHUP on the driver: leave by an exception, so the running job is stopped
+    (`run_job`'s ``finally``) instead of outliving the driver in its own session."""
+    raise SystemExit(128 + signum)
+
+
 def run_driver(args, argv: Sequence[str]) -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _exit_on_signal)
     shares = [float(s) for s in args.shares.split(",")]
     delays = [float(d) for d in args.step_delay_ms.split(",")] if args.step_delay_ms else [0.0] * len(shares)
     strategies = [s.strip() for s in args.strategies.split(",")]

@@ -10,6 +10,8 @@ Usage::
     per_rank = run.results()                   # {rank: what the script passed to _result.emit}
 
     run = run_ranks(SCRIPT, np=2, cpu_shares=[1.0, 0.25])   # through hvd_balance.emulate (root)
+    run = run_command([PYTHON, "-m", "hvd_balance.bench", "--smoke"], rank_env(), timeout=220,
+                      emulated=True)                   # a launcher that starts ranks itself
 
 A run that outlives ``timeout`` is stopped (the emulation launcher first gets SIGTERM so it
 can remove its cgroups; then the whole process group gets SIGKILL, then every process that
@@ -178,6 +180,19 @@ def run_ranks(script_or_cmd: Union[str, os.PathLike, Sequence[str]], np: int,
     finally:
         if tmp is not None:
             os.unlink(tmp.name)
+
+
+def run_command(cmd: Sequence[Union[str, os.PathLike]], env: Mapping[str, str],
+                timeout: float, emulated: bool = False) -> Result:
+    """Runs ``cmd``, a launcher that starts ranks itself (the benchmark driver,
+    ``scripts/horovodrun-hosts``), from the repository with exactly ``env``, under
+    `run_ranks`'s hard timeout: past ``timeout`` it gets SIGTERM first if ``emulated`` (its
+    ranks run in cgroups that it removes), then its process group and every process that
+    carries the run's marker variable get SIGKILL, and the test fails. stdout and stderr are
+    merged in `Result.stdout`.
+    """
+    run_id = uuid.uuid4().hex
+    return _run([str(c) for c in cmd], {**env, RUN_ID_VAR: run_id}, timeout, run_id, emulated)
 
 
 def _run(cmd: List[str], env: dict, timeout: float, run_id: str, emulated: bool) -> Result:

@@ -1,11 +1,16 @@
 """hvd_balance.bench: the figures' formulas, the per-step timing on real ranks, and a smoke run."""
 
 import json
+import os
+import signal
 import subprocess
+import time
+import uuid
 
 import pytest
 
-from _helpers import can_emulate, PYTHON, REPO, rank_env, run_ranks
+from _helpers import (can_emulate, kill_run_leftovers, PYTHON, REPO, rank_env, run_command,
+                      run_pids, run_ranks, RUN_ID_VAR)
 from hvd_balance import bench
 
 STEP_TIMING = "tests/rank_scripts/bench_step_timing.py"
@@ -129,15 +134,64 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
     assert r1["predict_s"] < r0["predict_s"] + delay_s / 2, result
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@needs_emulation
+@pytest.mark.timeout(180)
+def test_a_driver_stopped_by_sigterm_stops_its_job_and_leaves_nothing(tmp_path):
+    """The jobs run in their own sessions: SIGTERM to the driver must reach them."""
+    from hvd_balance import emulate
+
+    run_id = uuid.uuid4().hex
+    driver = subprocess.Popen(
+        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--out", str(tmp_path / "smoke.json"),
+         "--job-timeout", "120"], cwd=REPO, env={**rank_env(), RUN_ID_VAR: run_id},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    groups = []
+    try:
+        deadline = time.monotonic() + 90
+        parent = emulate.find_cpu_controller().parent
+        while True:  # until a rank of the first job runs in its launcher's group
+            commands = {pid: _cmdline(pid) for pid in run_pids(run_id)}
+            launchers = [pid for pid, c in commands.items() if "hvd_balance.emulate" in c]
+            ranks = [pid for pid, c in commands.items() if "bench --worker" in c
+                     and "hvd_balance.emulate" not in c and "horovodrun" not in c]
+            groups = [os.path.join(parent, f"{emulate.GROUP_PREFIX}{pid}") for pid in launchers]
+            if ranks and groups and all(os.path.isdir(g) for g in groups):
+                break
+            assert driver.poll() is None and time.monotonic() < deadline, commands
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(60) == 128 + signal.SIGTERM
+        gone_by = time.monotonic() + 10  # exiting processes (the resource tracker) may linger
+        while run_pids(run_id) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        assert {pid: _cmdline(pid) for pid in run_pids(run_id)} == {}
+        assert not any(os.path.exists(g) for g in groups), groups
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        kill_run_leftovers(run_id)
+        for group in groups:  # only if the test failed: the launcher removes its own
+            emulate.remove_group_tree(group)
+
+
 @needs_emulation
 @pytest.mark.timeout(240)
 def test_smoke_benchmark_reports_every_figure(tmp_path):
     out, png = tmp_path / "smoke.json", tmp_path / "smoke.png"
-    done = subprocess.run(
-        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--out", str(out), "--plot", str(png),
-         "--job-timeout", "60"], cwd=REPO, env=rank_env(), capture_output=True, text=True,
-        timeout=220)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_command(
+        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--out", out, "--plot", png,
+         "--job-timeout", "60"], rank_env(), timeout=220, emulated=True)
+    assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads(out.read_text())
     assert png.stat().st_size > 5000
     assert report["config"]["shares"] == [1.0, 0.5] and report["config"]["reps"] == 1

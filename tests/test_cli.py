@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from _helpers import run_command
 from hvd_balance import cli
 from hvd_balance.plan import Plan
 
@@ -19,12 +20,18 @@ HOSTS_SCRIPT = REPO / "scripts" / "horovodrun-hosts"
 SBATCH = REPO / "scripts" / "slurm" / "hvd_balance.sbatch"
 
 
-def run(args, env=None, timeout=60, cwd=None):
+def env_for(env=None):
+    """This process's environment without HVD_BALANCE_* variables, the venv first on PATH,
+    then ``env``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_BALANCE_")}
     full_env["PATH"] = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     full_env.update(env or {})
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, env=full_env,
-                          timeout=timeout, cwd=cwd)
+    return full_env
+
+
+def run(args, env=None, timeout=60, cwd=None):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True,
+                          env=env_for(env), timeout=timeout, cwd=cwd)
 
 
 def hvd_balance(*args, **kw):
@@ -289,12 +296,13 @@ def test_horovodrun_passes_each_host_its_devices(tmp_path):
         print(f"RANK {os.environ['HOROVOD_RANK']} {a.label} {tf.config.threading.get_intra_op_parallelism_threads()}",
               flush=True)
     """))
-    out = run([HOSTS_SCRIPT, hosts, "--gloo", "--", sys.executable, rank],
-              env={"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}, timeout=220)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    out = run_command([HOSTS_SCRIPT, hosts, "--gloo", "--", sys.executable, rank],
+                      env_for({"TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}),
+                      timeout=220)
+    assert out.returncode == 0, out.stdout[-3000:]
     ranks = sorted(l.split("RANK ", 1)[1] for l in out.stdout.splitlines() if "RANK " in l)
     assert ranks == ["0 cpu (2 threads) 2", "1 cpu (2 threads) 2"]
-    assert "HVD_BALANCE_DEVICES=localhost=cpu,cpu" in out.stderr
+    assert "HVD_BALANCE_DEVICES=localhost=cpu,cpu" in out.stdout  # stdout and stderr merged
 
 
 # ---------------------------------------------------------------------------- SLURM
