@@ -238,10 +238,17 @@ def _stop(proc: subprocess.Popen, emulated: bool) -> None:
     if emulated:
         from hvd_balance import emulate
         try:
-            parent = emulate.find_cpu_controller().parent
-            emulate.remove_group_tree(os.path.join(parent, f"{emulate.GROUP_PREFIX}{proc.pid}"))
+            emulate.remove_group_tree(launcher_group(proc.pid))
         except emulate.EmulationError as e:
             print(f"_helpers: could not remove the launcher's groups: {e}", file=sys.stderr)
+
+
+def launcher_group(pid: int) -> str:
+    """The cgroup directory an emulation launcher with this pid makes for its ranks
+    (raises ``EmulationError`` without a cpu controller)."""
+    from hvd_balance import emulate
+    parent = emulate.find_cpu_controller().parent
+    return os.path.join(parent, f"{emulate.GROUP_PREFIX}{pid}")
 
 
 def can_emulate() -> bool:

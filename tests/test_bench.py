@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from _helpers import (can_emulate, kill_run_leftovers, PYTHON, REPO, rank_env, run_command,
-                      run_pids, run_ranks, RUN_ID_VAR)
+from _helpers import (can_emulate, kill_run_leftovers, launcher_group, PYTHON, REPO, rank_env,
+                      run_command, run_pids, run_ranks, RUN_ID_VAR)
 from hvd_balance import bench
 
 STEP_TIMING = "tests/rank_scripts/bench_step_timing.py"
@@ -157,13 +157,12 @@ def test_a_driver_stopped_by_sigterm_stops_its_job_and_leaves_nothing(tmp_path):
     groups = []
     try:
         deadline = time.monotonic() + 90
-        parent = emulate.find_cpu_controller().parent
         while True:  # until a rank of the first job runs in its launcher's group
             commands = {pid: _cmdline(pid) for pid in run_pids(run_id)}
             launchers = [pid for pid, c in commands.items() if "hvd_balance.emulate" in c]
             ranks = [pid for pid, c in commands.items() if "bench --worker" in c
                      and "hvd_balance.emulate" not in c and "horovodrun" not in c]
-            groups = [os.path.join(parent, f"{emulate.GROUP_PREFIX}{pid}") for pid in launchers]
+            groups = [launcher_group(pid) for pid in launchers]
             if ranks and groups and all(os.path.isdir(g) for g in groups):
                 break
             assert driver.poll() is None and time.monotonic() < deadline, commands

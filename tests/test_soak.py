@@ -20,8 +20,6 @@ THROTTLE = "0:10-24:10,1:25-39:10"
 RSS_GROWTH_MB = 50  # allowed growth of resident memory from epoch 5 to the end
 
 
-
-
 @pytest.mark.skipif(not can_emulate(), reason="needs root and a cgroup cpu controller")
 @pytest.mark.skipif("rebalance" not in inspect.signature(hvd_balance.LoadBalancer).parameters,
                     reason="waits for LoadBalancer(data, rebalance='epoch')")
