@@ -1,9 +1,14 @@
 """hvd_balance: static and adaptive load balancing for Horovod Keras training on mixed devices."""
+import re
+
 from setuptools import find_packages, setup
+
+# The version is written once, in hvd_balance/_version.py.
+VERSION = re.search(r'__version__ = "([^"]+)"', open("hvd_balance/_version.py").read()).group(1)
 
 setup(
     name="hvd_balance",
-    version="0.1.0",
+    version=VERSION,
     description="Load balancing for synchronous Horovod Keras training on heterogeneous clusters",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
@@ -13,5 +18,5 @@ setup(
     # against the installed TensorFlow), so they are not pinned here.
     install_requires=["numpy>=1.22", "pyyaml>=5.4"],
     extras_require={"bench": ["matplotlib>=3.5"], "test": ["pytest>=7", "pytest-timeout>=2"]},
-    entry_points={"console_scripts": ["hvd-balance=hvd_balance.cli:main"]},
+    entry_points={"console_scripts": ["hvd-balance=hvd_balance.tools.cli:main"]},
 )

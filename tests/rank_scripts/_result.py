@@ -1,6 +1,6 @@
 """How a rank script hands its result to the test: ``emit({"rank": r, ...})``.
 
-Under `tests/_helpers.run_ranks` (which sets ``HVD_BALANCE_TEST_RESULTS`` to a fresh
+Under `tests/support.run_ranks` (which sets ``HVD_BALANCE_TEST_RESULTS`` to a fresh
 folder) the object goes to ``<folder>/rank<r>.json``, written whole and then renamed, so a
 large result never travels through horovodrun's output forwarding: that forwards a rank's
 output in chunks, and a line longer than a chunk came back with another rank's output in

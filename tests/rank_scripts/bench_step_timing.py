@@ -18,15 +18,15 @@ import horovod.tensorflow.keras as hvd
 
 import hvd_balance
 from _result import emit
-from hvd_balance import bench
-from hvd_balance.benchmark import measure_curve
+from hvd_balance.tools.bench import worker
+from hvd_balance.keras.step_timer import measure_curve
 
 hvd.init()
 rank = hvd.rank()
 delay_ms = float(sys.argv[1]) if rank == 1 else 0.0
-StepDelay, StepTiming, TimedSequential, StepRecorder, _ = bench._worker_classes()
-shape, layers = bench._model_parts("tiny")
-x, y = bench.make_data(shape, 768, seed=0)
+StepDelay, StepTiming, TimedSequential, StepRecorder, _ = worker._worker_classes()
+shape, layers = worker._model_parts("tiny")
+x, y = worker.make_data(shape, 768, seed=0)
 data = hvd_balance.BalancedData(x, y, global_batch_size=64, seed=0)
 tf.keras.utils.set_random_seed(0)
 model = TimedSequential([tf.keras.Input(shape), StepDelay(delay_ms), *layers])

@@ -1,0 +1,150 @@
+"""Re-planning from measured step times, with hysteresis (pure numpy, no TensorFlow).
+
+Each rank's time curve came from the benchmark; training then measures each rank's real busy
+seconds per step ``m_i`` at its local batch ``b_i`` (see :mod:`hvd_balance.keras.telemetry`), and
+the curve is corrected to pass through it:
+
+* when the previous window measured the rank at a clearly different batch ``b'`` (>= 20 %
+  apart), the curve becomes the line through ``(b', m')`` and ``(b_i, m_i)``, if that line
+  has a non-negative fixed cost and a slope within a factor 4 of the scaled curve's (two
+  noisy points can give any slope): exact for any device whose step time is a fixed cost
+  plus a cost per sample, whatever changed (a slower clock, a new fixed delay, Keras's
+  per-step overhead the benchmark did not see);
+* otherwise it is scaled by ``m_i / t_i(b_i)``: exact when the device's speed changed by a
+  factor (a CPU quota, a co-located job), and corrected by the next window otherwise. A new plan is adopted
+only if its predicted slowest step is shorter than the current plan's (under the corrected
+curves) by more than ``threshold`` (:data:`DEFAULT_THRESHOLD`, 8 %) plus twice the measurement's own relative
+standard error, so plans do not oscillate on noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from .plan import Plan
+from .planner import TimeCurve, plan_batches
+
+# A new plan must predict a step this much faster (a fraction of the step time), plus the
+# window's own noise allowance. Steady runs on a shared machine showed 5-7 % epoch-to-epoch
+# "gains" from noise alone, hence 8 %. The callback and the simulator both use this value.
+DEFAULT_THRESHOLD = 0.08
+# Timed steps per rank below which a window is too short to re-plan from.
+MIN_SAMPLES = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """The outcome of one re-planning round.
+
+    Attributes:
+        plan: the plan to use from now on (the current one when ``changed`` is False).
+        changed: whether ``plan`` differs from the current plan.
+        gain: predicted relative reduction of the step time, ``1 - new / current``.
+        efficiency: measured balance efficiency ``mean_i m_i / max_i m_i`` of the window.
+        busy_s: the measured busy seconds per step of each rank.
+    """
+
+    plan: Plan
+    changed: bool
+    gain: float
+    efficiency: float
+    busy_s: tuple
+
+
+def balance_efficiency(busy_s: Sequence[float]) -> float:
+    """``mean_i busy_i / max_i busy_i``: 1 when all ranks are busy equally long."""
+    busy = np.asarray(busy_s, dtype=float)
+    return float(busy.mean() / busy.max()) if busy.size and busy.max() > 0 else 1.0
+
+
+def corrected_curves(plan: Plan, busy_s: Sequence[float],
+                     previous: Optional[Sequence[Sequence[float]]] = None) -> List[TimeCurve]:
+    """Each rank's curve corrected to pass through its measured busy time (module doc).
+
+    ``previous`` is the window before: one ``(local_batch, busy_s)`` pair per rank, or
+    ``None`` (for the whole job or a rank).
+    """
+    out = []
+    for i, (b, m) in enumerate(zip(plan.batch_sizes, busy_s)):
+        if plan.curves:
+            curve = TimeCurve(plan.curves[i])
+            base = curve(b)
+            scaled = (TimeCurve([(x, t * m / base) for x, t in curve.points]) if base > 0
+                      else TimeCurve([(b, m)]))
+        else:  # a given plan has no curves: time proportional to batch
+            scaled = TimeCurve([(b, m)])
+        prev = previous[i] if previous is not None else None
+        if prev is not None and prev[1] is not None and abs(prev[0] - b) >= max(2, 0.2 * b):
+            slope = (m - prev[1]) / (b - prev[0])
+            d = max(1, b // 4)
+            expected = (scaled(b + d) - scaled(max(1, b - d))) / (b + d - max(1, b - d))
+            # Two noisy points close together can give any slope: trust the line only when it
+            # agrees with the benchmark's shape within a factor of 4.
+            if m - slope * b >= 0 and expected / 4 <= slope <= 4 * expected:
+                out.append(TimeCurve(sorted([(int(prev[0]), float(prev[1])), (int(b), float(m))])))
+                continue
+        out.append(scaled)
+    return out
+
+
+def robust_busy(samples: Sequence[float]):
+    """``(median, relative standard error)`` of per-step busy seconds.
+
+    The error is that of a median, ``1.253 * 1.4826 * MAD / sqrt(n)``, relative to the
+    median: how far the window's estimate may be from the rank's true step time.
+    """
+    x = np.asarray(samples, dtype=float)
+    if x.size == 0:
+        return None, None
+    med = float(np.median(x))
+    if med <= 0:
+        return None, None
+    mad = float(np.median(np.abs(x - med)))
+    return med, 1.253 * 1.4826 * mad / np.sqrt(x.size) / med
+
+
+def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRESHOLD,
+           method: str = "minmax", noise: Optional[Sequence[float]] = None,
+           previous: Optional[Sequence[Sequence[float]]] = None) -> Decision:
+    """Re-plan from measured busy seconds per step (one value per rank).
+
+    Args:
+        plan: the plan in force while ``busy_s`` was measured.
+        busy_s: mean busy seconds per step of each rank (finite, > 0).
+        threshold: minimum predicted gain (fraction of the step time) to change the plan.
+        method: the planner's method.
+        noise: optional relative standard error of each rank's busy time; the plan changes
+            only for a gain above ``threshold + 2 * max(noise)``.
+        previous: optional ``(local_batch, busy_s)`` per rank from the window before.
+
+    Raises:
+        ValueError: for a wrong number of measurements or a non-positive or non-finite one.
+
+    Example:
+        >>> plan = Plan.from_batch_sizes([32, 32])
+        >>> decide(plan, [0.010, 0.030]).plan.batch_sizes   # rank 1 is 3x slower
+        (48, 16)
+    """
+    busy = [float(m) for m in busy_s]
+    if len(busy) != plan.world_size:
+        raise ValueError(f"{len(busy)} busy times for a plan of {plan.world_size} ranks")
+    bad = [(i, m) for i, m in enumerate(busy) if not math.isfinite(m) or m <= 0]
+    if bad:
+        raise ValueError(f"busy time of rank {bad[0][0]} must be finite and > 0 s; got {bad[0][1]!r}")
+    curves = corrected_curves(plan, busy, previous)
+    current = max(busy)
+    proposal = plan_batches(curves, plan.global_batch_size, max_batch_sizes=plan.max_batch_sizes,
+                            method=method, hosts=plan.hosts, devices=plan.devices)
+    gain = 1.0 - proposal.predicted_makespan_s / current
+    efficiency = balance_efficiency(busy)
+    required = threshold + 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
+    if gain > required and proposal.batch_sizes != plan.batch_sizes:
+        return Decision(proposal, True, gain, efficiency, tuple(busy))
+    # Keep the batches, but remember the corrected curves for the next round.
+    kept = dataclasses.replace(plan, curves=tuple(tuple(c.points) for c in curves),
+                               predicted_step_s=tuple(busy), method=plan.method)
+    return Decision(kept, False, gain, efficiency, tuple(busy))

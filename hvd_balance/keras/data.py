@@ -1,0 +1,313 @@
+"""BalancedData: each rank's shard of the data set, sized to its local batch.
+
+Each epoch, all ranks draw the same permutation of the N samples (seeded by ``seed`` and
+the epoch), keep its first ``steps * B`` entries (``steps = floor(N / B)``, so the
+``N - steps * B`` left over are different samples every epoch), and rank ``i`` takes the
+contiguous block of ``steps * b_i`` samples starting at ``steps * sum_{j<i} b_j``. So every
+rank runs the same number of steps, and no sample is seen twice in an epoch, whatever the
+local batches are. Batches of ``b_i`` samples are produced by a ``tf.data`` pipeline with
+prefetching.
+
+A plan may also change inside an epoch, at fixed *segment* boundaries (every
+``segment_steps`` steps; by default the segment is the whole epoch). Segment ``m`` covers
+steps ``[m K, (m + 1) K)`` and the permutation's slice ``[m K B, (m + 1) K B)``, laid out in
+contiguous per-rank blocks as above under the plan in force for that segment. So the samples
+of the first ``c`` steps are always the permutation's first ``c B`` entries, whatever plans
+were used: a job can switch plans or world size at a boundary (rebalancing, an elastic
+reset) without losing or repeating a sample.
+
+The object is itself a ``tf.data.Dataset`` (of this rank's batches), so ``model.fit``
+takes it directly and ``len(data)`` is the number of steps per epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from . import collective
+from ..core.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+def _length(name: str, value) -> int:
+    if isinstance(value, dict):
+        lengths = {k: len(v) for k, v in value.items()}
+        if not lengths:
+            raise ValueError(f"{name} is an empty dict")
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"the inputs in {name} have different lengths: {lengths}")
+        return next(iter(lengths.values()))
+    return len(value)
+
+
+def _as_arrays(value):
+    if isinstance(value, dict):
+        return {k: np.asarray(v) for k, v in value.items()}
+    return np.asarray(value)
+
+
+def _take(value, index: np.ndarray):
+    if isinstance(value, dict):
+        return {k: v[index] for k, v in value.items()}
+    return value[index]
+
+
+def _spec(value):
+    """A TensorSpec per array with the batch dimension left open."""
+    if isinstance(value, dict):
+        return {k: _spec(v) for k, v in value.items()}
+    arr = np.asarray(value[:1])
+    return tf.TensorSpec(shape=(None,) + arr.shape[1:], dtype=tf.as_dtype(arr.dtype))
+
+
+class BalancedData(tf.data.Dataset):
+    """This rank's batches, sized by the plan, from a global shuffle shared by all ranks.
+
+    Args:
+        x: features: an array, a dict of arrays (multi-input models), or, with ``load_fn``,
+            any array-like of per-sample keys (file paths, ids).
+        y: optional labels, same length as ``x``.
+        global_batch_size: ``B``, samples per step over all ranks.
+        seed: shuffle seed; with the epoch it fixes the permutation on every rank.
+        shuffle: reshuffle every epoch (``False``: the natural order).
+        load_fn: optional TF function mapping one key (and label) to one example, applied
+            with ``tf.data`` ``map`` in parallel: ``load_fn(key)`` or ``load_fn(key, label)``
+            returns what the model consumes, e.g. ``(image, label)``.
+        rank, world_size: default to Horovod's (1 rank without Horovod).
+        segment_steps: steps per segment, the granularity at which a plan may change inside
+            an epoch (default: the whole epoch).
+        prefetch: batches to prefetch (default 2; with ``segment_steps``,
+            ``segment_steps // 2`` so a plan decided one segment ahead is in time).
+
+    Raises:
+        ValueError: if ``x`` and ``y`` differ in length, the data set is smaller than one
+            global batch, or the global batch is smaller than the number of ranks.
+
+    Example:
+        ```python
+        data = hvd_balance.BalancedData(x_train, y_train, global_batch_size=256, seed=0)
+        model.fit(data, epochs=10, callbacks=[hvd_balance.LoadBalancer(data)])
+        ```
+    """
+
+    def __init__(self, x, y=None, *, global_batch_size: int, seed: int = 0, shuffle: bool = True,
+                 load_fn: Optional[Callable[..., Any]] = None, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, segment_steps: Optional[int] = None,
+                 prefetch: Optional[int] = None):
+        self.rank = collective.rank() if rank is None else int(rank)
+        self.world_size = collective.size() if world_size is None else int(world_size)
+        n = _length("x", x)
+        if y is not None and _length("y", y) != n:
+            raise ValueError(
+                f"features and labels differ in length: len(x)={n}, len(y)={_length('y', y)}")
+        if isinstance(global_batch_size, bool) or not float(global_batch_size).is_integer():
+            raise ValueError(f"global_batch_size must be an integer; got {global_batch_size!r}")
+        if n < global_batch_size:
+            raise ValueError(
+                f"the data set has {n} samples, fewer than one global batch "
+                f"(global_batch_size={global_batch_size})")
+        self.x = _as_arrays(x)
+        self.y = None if y is None else _as_arrays(y)
+        self.num_samples = n
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.load_fn = load_fn
+        self.plan = Plan.uniform(int(global_batch_size), self.world_size)
+        self.epoch = 0
+        if segment_steps is not None and (int(segment_steps) < 1 or int(segment_steps) != segment_steps):
+            raise ValueError(f"segment_steps must be an integer >= 1; got {segment_steps!r}")
+        self.segment_steps = min(int(segment_steps), self.steps) if segment_steps else self.steps
+        # Plans in force, per epoch: {epoch: {first_step: plan}}; steps before the first key
+        # of an epoch use the plan the epoch started with (self.plan at that time).
+        self._schedule = {}
+        if prefetch is None and segment_steps:
+            prefetch = max(1, self.segment_steps // 2)
+        if self.rank == 0 and self.remainder:
+            log.info("%d samples, global batch %d: %d steps per epoch; %d samples are left out "
+                     "of each epoch (different ones each epoch when shuffling)",
+                     n, self.global_batch_size, self.steps, self.remainder)
+
+        self._prefetch = 2 if prefetch is None else prefetch
+        self._pipeline = self._make_pipeline(self._batches, self.steps)
+        super().__init__(self._pipeline._variant_tensor)
+
+    # -- tf.data.Dataset protocol -------------------------------------------------------
+    @property
+    def element_spec(self):
+        return self._pipeline.element_spec
+
+    def _inputs(self):
+        return [self._pipeline]
+
+    def __len__(self) -> int:
+        """Steps per epoch, the same on every rank."""
+        return self.steps
+
+    # -- sizes ----------------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        return self.plan.global_batch_size
+
+    @property
+    def steps(self) -> int:
+        """Steps per epoch: ``floor(num_samples / global_batch_size)``."""
+        return self.num_samples // self.global_batch_size
+
+    @property
+    def remainder(self) -> int:
+        """Samples left out of each epoch: ``num_samples - steps * global_batch_size``."""
+        return self.num_samples - self.steps * self.global_batch_size
+
+    @property
+    def local_batch_size(self) -> int:
+        """This rank's samples per step under the current plan."""
+        return self.plan.batch_sizes[self.rank]
+
+    @property
+    def local_samples(self) -> int:
+        """This rank's samples per epoch under the current plan."""
+        return self.steps * self.local_batch_size
+
+    # -- control ----------------------------------------------------------------------------
+    def set_plan(self, plan: Plan, step: int = 0) -> None:
+        """Use ``plan`` from ``step`` of the current epoch on (and in later epochs).
+
+        ``step`` must be a segment boundary (a multiple of ``segment_steps``); with
+        ``step=0`` the plan applies to the next epoch's iterator. A plan for a segment must be
+        set before the input pipeline reaches it (one segment ahead is safe).
+        """
+        plan.check(self.world_size, self.global_batch_size)
+        step = int(step)
+        if step % self.segment_steps or not 0 <= step < max(self.steps, 1):
+            raise ValueError(f"a plan can change only at a segment boundary (a multiple of "
+                             f"{self.segment_steps} below {self.steps}); got step {step}")
+        schedule = self._schedule.setdefault(self.epoch, {})
+        schedule.setdefault(0, self.plan)  # what the epoch started with, before this change
+        for later in [s for s in schedule if s >= step]:
+            del schedule[later]
+        schedule[step] = plan
+        self.plan = plan
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose permutation the next iterator draws (resume: the initial epoch).
+
+        Moving to an epoch other than the current one forgets any plan recorded for it, so a
+        revisited epoch starts from the plan in force now.
+        """
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self._schedule.pop(epoch, None)
+        self.epoch = epoch
+
+    def set_world(self, rank: int, world_size: int, plan: Optional[Plan] = None) -> None:
+        """Move to another world (an elastic reset): this rank's new index and the new size.
+
+        The plan becomes ``plan`` or the uniform split; epochs already run keep their record.
+        """
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.plan = plan if plan is not None else Plan.uniform(self.global_batch_size, self.world_size)
+        self.plan.check(self.world_size, self.global_batch_size)
+        self._schedule.pop(self.epoch, None)
+
+    def plan_at(self, epoch: int, step: int) -> Plan:
+        """The plan in force at ``step`` of ``epoch``."""
+        schedule = dict(self._schedule.get(int(epoch), {}))  # a copy: set_plan may run meanwhile
+        starts = [s for s in schedule if s <= step]
+        return schedule[max(starts)] if starts else self.plan
+
+    def segment(self, step: int):
+        """``(first_step, end_step)`` of the segment holding ``step``."""
+        first = (int(step) // self.segment_steps) * self.segment_steps
+        return first, min(first + self.segment_steps, self.steps)
+
+    def indices(self, epoch: int, rank: Optional[int] = None, plan: Optional[Plan] = None,
+                start_step: int = 0):
+        """Sample indices per step for ``rank`` (default: this rank) in ``epoch``.
+
+        Returns a list of integer arrays, one per step from ``start_step`` to the end of the
+        epoch, under the plans in force for each segment (or ``plan`` for every segment).
+        """
+        rank = self.rank if rank is None else int(rank)
+        order = self._order(epoch)
+        out = []
+        step = int(start_step)
+        while step < self.steps:
+            first, end = self.segment(step)
+            block = self._block(order, first, end, plan or self.plan_at(epoch, first), rank)
+            out.extend(block[step - first:])
+            step = end
+        return out
+
+    def from_step(self, step: int) -> tf.data.Dataset:
+        """The rest of the current epoch from ``step`` (a segment boundary) as a dataset.
+
+        For resuming a partly done epoch (an elastic reset after a commit at ``step``):
+        ``model.fit(data.from_step(step), epochs=1)``, then ``data.set_epoch(epoch + 1)``.
+        """
+        step = int(step)
+        if step % self.segment_steps or not 0 <= step < self.steps:
+            raise ValueError(f"resume only at a segment boundary (a multiple of "
+                             f"{self.segment_steps} below {self.steps}); got step {step}")
+        return self._make_pipeline(lambda: self._batches(step), self.steps - step)
+
+    # -- pipeline -------------------------------------------------------------------------------
+    def _order(self, epoch: int) -> np.ndarray:
+        if self.shuffle:
+            return np.random.default_rng([self.seed, int(epoch)]).permutation(self.num_samples)
+        return np.arange(self.num_samples)
+
+    def _block(self, order: np.ndarray, first: int, end: int, plan: Plan, rank: int) -> np.ndarray:
+        """Rank ``rank``'s samples for steps ``[first, end)``: an array of shape (steps, b)."""
+        length, b = end - first, plan.batch_sizes[rank]
+        start = first * self.global_batch_size + length * sum(plan.batch_sizes[:rank])
+        return order[start:start + length * b].reshape(length, b)
+
+    def _make_pipeline(self, generator, steps: int) -> tf.data.Dataset:
+        ds = tf.data.Dataset.from_generator(generator, output_signature=self._batch_spec())
+        if self.load_fn is not None:
+            ds = ds.flat_map(self._load_batch)
+        ds = ds.apply(tf.data.experimental.assert_cardinality(steps))
+        ds = ds.prefetch(self._prefetch)
+        # With autotuning on, deleting an iterator (Keras does at every epoch end) waits for
+        # the autotune thread to wake from its sleep: seconds between epochs on a slow rank,
+        # which every other rank then waits for (BENCHMARKS.md). The batches come from a
+        # Python generator; there is little here to tune.
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        return ds.with_options(options)
+
+    def _batch_spec(self):
+        if self.load_fn is not None:
+            keys = _spec(self.x)
+            return keys if self.y is None else (keys, _spec(self.y))
+        return _spec(self.x) if self.y is None else (_spec(self.x), _spec(self.y))
+
+    def _batches(self, start_step: int = 0):
+        """This rank's batches (or keys) from ``start_step`` to the end of the epoch.
+
+        Each segment's plan is read when the pipeline reaches the segment, so a plan set one
+        segment ahead takes effect there.
+        """
+        epoch, rank, order = self.epoch, self.rank, self._order(self.epoch)
+        self._schedule.setdefault(epoch, {}).setdefault(0, self.plan)  # the record for audits
+        step = start_step
+        while step < self.steps:
+            first, end = self.segment(step)
+            block = self._block(order, first, end, self.plan_at(epoch, first), rank)
+            for index in block[step - first:]:
+                if self.y is None:
+                    yield _take(self.x, index)
+                else:
+                    yield _take(self.x, index), _take(self.y, index)
+            step = end
+
+    def _load_batch(self, *batch):
+        size = tf.shape(tf.nest.flatten(batch[0])[0])[0]
+        return (tf.data.Dataset.from_tensor_slices(batch if len(batch) > 1 else batch[0])
+                .map(self.load_fn, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                .batch(tf.cast(size, tf.int64)))

@@ -1,0 +1,303 @@
+"""LoadBalancer: the Keras callback that benchmarks the ranks, applies a balanced plan, and
+re-plans when the measured speeds drift."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Union
+
+import tensorflow as tf
+
+from . import collective, compat, plan_sync
+from .data import BalancedData
+from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
+from ..core.plan import Plan
+from ..core.replan import DEFAULT_THRESHOLD, MIN_SAMPLES, Decision, balance_efficiency, decide, robust_busy
+
+log = logging.getLogger(__name__)
+
+PLAN_ENV = "HVD_BALANCE_PLAN"
+
+
+class LoadBalancer(tf.keras.callbacks.Callback):
+    """Give every rank a local batch sized to its speed, so all ranks finish each step together.
+
+    On train begin, every rank times its training step at a few local batch sizes (or takes
+    ``plan``), the curves are gathered, rank 0 plans and broadcasts, and every rank applies
+    the plan: its local batch to ``data`` (and ``validation_data``) and its gradient weight
+    ``b_i / B`` to the model's :func:`hvd_balance.DistributedOptimizer`. The global batch and
+    the steps per epoch do not change. Rank 0 prints the plan table.
+
+    During training, the optimizer's telemetry gives every rank's busy time per step. At
+    every epoch end the callback gathers it and adds to the logs (so ``CSVLogger`` and
+    TensorBoard see them): ``balance_efficiency`` (mean over ranks of busy time / the
+    largest), and for every rank ``rank{i}_busy_ms`` (median per step), ``rank{i}_wait_ms``
+    (mean per step) and ``rank{i}_local_batch``. With ``rebalance`` on, the curves are corrected by the measured
+    times and a new plan is adopted on every rank at the same step boundary when it is
+    predicted to be faster by more than ``threshold``.
+
+    Args:
+        data: the :class:`BalancedData` that ``fit`` trains on.
+        plan: optional :class:`Plan`, plan dict or YAML path to use instead of
+            benchmarking (checked against the job's world size, global batch and hosts).
+            Default: the path in ``$HVD_BALANCE_PLAN`` if set.
+        validation_data: optional :class:`BalancedData` passed to ``fit`` as
+            ``validation_data``; sharded in the same proportions.
+        method: ``"minmax"`` (equal finish time over measured curves, default) or
+            ``"proportional"`` (the paper's rule).
+        max_batch_size: memory cap on the local batch, in samples: this rank's cap (an int,
+            may differ per rank), ``"probe"`` (find it by trying), or the same per-rank list
+            or per-device mapping (``{"gpu": 512, "cpu": 64}``) on every rank.
+        benchmark: ``True`` (default) times every rank's step before the first epoch;
+            ``False`` skips that phase: training starts from equal batches and re-planning
+            (``rebalance``, required then) finds the balance from the telemetry of the real
+            steps: proportional after the first window, then the line through two windows,
+            which also sees fixed per-step costs. Costs the first window's imbalance instead of
+            a benchmark phase; no memory caps (give a ``plan`` with them instead).
+        benchmark_batches: local batch sizes to time. Default: two rounds, every rank
+            times ``B / 4N`` and ``B / 2N`` (within the caps), then each rank planned above
+            those times its planned batch, and the plan is made again from all the points.
+        repeats: timed repeats per batch size (median kept), after one warm-up call; the
+            phase's cost in seconds is ``plan.benchmark_s``.
+        rebalance: ``"off"`` (default), ``"epoch"`` (re-plan at every epoch end), or an int
+            ``K``: re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
+            dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.
+            With an optimizer aggregating ``backward_passes_per_step=k`` steps, the steps
+            per epoch (and ``K``) must be multiples of ``k`` (else a ``ValueError``).
+        threshold: minimum predicted gain (fraction of the step time) to change the plan;
+            8 % by default: on a shared machine, speeds wander by 5-7 % between epochs.
+        save_plan: optional YAML path where rank 0 writes the plan (again after each change).
+        verbose: 1 prints the plan table on rank 0 (and each re-plan), 0 is silent.
+
+    Attributes:
+        plan: the :class:`Plan` in force (identical on every rank) after train begin.
+        history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
+            batch_sizes), identical on every rank.
+
+    Example:
+        ```python
+        data = hvd_balance.BalancedData(x, y, global_batch_size=256)
+        model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)),
+                      loss="sparse_categorical_crossentropy")
+        model.fit(data, epochs=10, callbacks=[
+            hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+            hvd_balance.LoadBalancer(data, rebalance="epoch")])
+        ```
+    """
+
+    def __init__(self, data: BalancedData, plan: Union[Plan, dict, str, None] = None, *,
+                 validation_data: Optional[BalancedData] = None, method: str = "minmax",
+                 max_batch_size=None, benchmark: bool = True,
+                 benchmark_batches: Optional[Sequence[int]] = None,
+                 repeats: int = 5, rebalance: Union[str, int] = "off", threshold: float = DEFAULT_THRESHOLD,
+                 save_plan: Optional[str] = None, verbose: int = 1):
+        super().__init__()
+        if not isinstance(data, BalancedData):
+            raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
+        steps_ok = isinstance(rebalance, int) and not isinstance(rebalance, bool)
+        if rebalance not in ("off", "epoch") and not steps_ok:
+            raise ValueError(f"rebalance must be 'off', 'epoch' or a number of steps; got {rebalance!r}")
+        if steps_ok and rebalance <= MIN_SAMPLES:
+            raise ValueError(
+                f"rebalance={rebalance} steps gives windows of {rebalance - 1} timed steps; "
+                f"re-planning needs at least {MIN_SAMPLES}: use rebalance >= {MIN_SAMPLES + 1}")
+        if isinstance(rebalance, int) and rebalance % data.segment_steps:
+            raise ValueError(
+                f"rebalance={rebalance} steps needs a data set whose plan can change every "
+                f"{rebalance} steps: build BalancedData with segment_steps dividing {rebalance} "
+                f"(it has segment_steps={data.segment_steps})")
+        if not benchmark and rebalance == "off":
+            raise ValueError("benchmark=False starts from equal batches and needs rebalance "
+                             "('epoch' or a number of steps) to balance them; got rebalance='off'")
+        if not benchmark and max_batch_size is not None:
+            raise ValueError(f"benchmark=False takes no max_batch_size (got {max_batch_size!r}): "
+                             "give a plan with max_batch_sizes, or benchmark")
+        self.data = data
+        self.benchmark = bool(benchmark)
+        self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
+        self.validation_data = validation_data
+        self.method = method
+        self.max_batch_size = max_batch_size
+        self.benchmark_batches = benchmark_batches
+        self.repeats = repeats
+        self.rebalance = rebalance
+        self.threshold = threshold
+        self.save_plan = save_plan
+        self.verbose = verbose
+        self.plan: Optional[Plan] = None
+        self.history: List[dict] = []
+        self._last: List[Dict[str, float]] = []
+
+    def _check_gradient_aggregation(self) -> None:
+        """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
+        one weighted allreduce, so the plan (and the weight) may change only every k steps:
+        re-planning happens at epoch ends (and every ``rebalance`` steps when an int)."""
+        k = backward_passes_of(self.model.optimizer)
+        if k <= 1 or self.rebalance == "off":
+            return
+        intervals = {"an epoch": len(self.data)}
+        if isinstance(self.rebalance, int):
+            intervals[f"rebalance={self.rebalance}"] = self.rebalance
+        for what, steps in intervals.items():
+            if steps % k:
+                raise ValueError(
+                    f"the plan can change every {steps} steps ({what}), which is not a "
+                    f"multiple of the optimizer's backward_passes_per_step={k}: an aggregated "
+                    "gradient would mix two plans' batches under one weight; choose a data "
+                    "size and global batch giving a multiple of it, or rebalance='off'")
+
+    # -- train begin: the first plan ------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        data = self.data
+        self.history, self._last, self._pending, self._previous = [], [], {}, None
+        self._pooled, self.plan = [], None
+        self._epoch = data.epoch
+        spe = compat.steps_per_execution(self.model)
+        if isinstance(self.rebalance, int) and self.rebalance % spe:
+            raise ValueError(f"rebalance={self.rebalance} must be a multiple of the model's "
+                             f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
+        self._check_gradient_aggregation()
+        parameters = (int(sum(int(tf.size(v)) for v in self.model.trainable_variables))
+                      if self.model.built else None)
+        plan_sync.check_consistent(
+            "hvd_balance.check_job", world_size=data.world_size,
+            global_batch_size=data.global_batch_size, seed=data.seed, shuffle=data.shuffle,
+            num_samples=data.num_samples, steps=data.steps, segment_steps=data.segment_steps,
+            rebalance=self.rebalance, plan_given=self.given_plan is not None,
+            benchmark=self.benchmark, parameters=parameters)
+        if self.given_plan is not None:
+            plan = plan_sync.resolve_given_plan(self.given_plan, data)
+        elif not self.benchmark:
+            plan = Plan.uniform(data.global_batch_size, data.world_size)
+        else:
+            plan = plan_sync.benchmark_and_plan(
+                self.model, data, method=self.method, max_batch_size=self.max_batch_size,
+                batch_sizes=self.benchmark_batches, repeats=self.repeats)
+        self._apply(plan)
+        if self.verbose and collective.rank() == 0:
+            print(plan.table(), file=sys.stdout, flush=True)
+        telemetry = telemetry_of(self.model.optimizer)
+        if telemetry is not None:
+            telemetry.reset()
+        elif self.rebalance != "off":
+            raise TypeError("rebalancing needs the step telemetry of hvd_balance.DistributedOptimizer; "
+                            f"the model's optimizer is {type(self.model.optimizer).__name__}")
+
+    def _apply(self, plan: Plan, step: int = 0) -> None:
+        """Apply ``plan`` to the data from ``step`` of the current epoch; the weight now
+        (``step == 0``) or when training reaches ``step``."""
+        def apply():
+            if step == 0:
+                plan_sync.apply_plan(plan, self.data, self.model.optimizer, self.validation_data)
+            else:  # takes effect in on_train_batch_begin
+                self.data.set_plan(plan, step=step)
+                self._pending[step] = plan
+            if self.save_plan and collective.rank() == 0:
+                plan.save(self.save_plan)
+
+        collective.all_ok(apply, name="hvd_balance.apply_plan")  # a failure stops every rank
+        if step == 0:
+            self._in_force(plan)
+
+    def _in_force(self, plan: Plan) -> None:
+        if self.plan is not None and plan.batch_sizes != self.plan.batch_sizes:
+            self._pooled = []
+            telemetry = telemetry_of(self.model.optimizer)
+            if telemetry is not None:
+                telemetry.reset()  # local: a window never mixes two plans
+        self.plan = plan
+
+    # -- telemetry ----------------------------------------------------------------------------
+    def telemetry(self) -> List[Dict[str, float]]:
+        """Per rank, the last window's ``busy_s`` (median per step), ``busy_rse`` (its relative
+        standard error), ``wait_s`` (mean per step) and ``local_batch``."""
+        return list(self._last)
+
+    def _gather_window(self) -> List[Dict[str, float]]:
+        """Every rank's mean busy and wait seconds per step since the last read (a collective)."""
+        telemetry = telemetry_of(self.model.optimizer)
+        raw = telemetry.read() if telemetry is not None else {}
+        samples = raw.get("busy_samples", [])
+        busy, noise = robust_busy(samples)
+        # All samples since the batches last changed: a weak but steady imbalance shows there.
+        self._pooled = (self._pooled + samples)[-8192:]
+        pooled, pooled_noise = robust_busy(self._pooled)
+        mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
+                "pooled_busy_rse": pooled_noise,
+                "wait_s": raw["wait_s"] / raw["busy_steps"] if raw.get("busy_steps") else None,
+                "local_batch": self.plan.batch_sizes[self.data.rank]}
+        self._last = collective.allgather_object(mine, name="hvd_balance.keras.telemetry")
+        return self._last
+
+    def _replan(self, window, step: int) -> None:
+        busy = [w["busy_s"] for w in window]
+        record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
+                  "changed": False, "batch_sizes": list(self.plan.batch_sizes),
+                  "busy_ms": [None if b is None else 1e3 * b for b in busy],
+                  "busy_rse": [w["busy_rse"] for w in window]}
+        if all(b is not None and b > 0 for b in busy):
+            record["efficiency"] = balance_efficiency(busy)
+            if self.rebalance != "off" and min(w["busy_n"] for w in window) >= MIN_SAMPLES:
+                decision = collective.agree(lambda: self._decide(window),
+                                            name="hvd_balance.rebalance")
+                self._previous = [(w["local_batch"], w["busy_s"]) for w in window]
+                record.update(gain=decision.gain, changed=decision.changed,
+                              batch_sizes=list(decision.plan.batch_sizes))
+                self._apply(decision.plan, step)
+                if decision.changed and self.verbose and collective.rank() == 0:
+                    print(f"hvd_balance: epoch {self._epoch} step {step}: efficiency "
+                          f"{decision.efficiency:.3f}, re-planned for a predicted "
+                          f"{100 * decision.gain:.1f}% shorter step: "
+                          f"{list(decision.plan.batch_sizes)}", file=sys.stdout, flush=True)
+        self.history.append(record)
+
+    def _decide(self, window) -> Decision:
+        """On rank 0: re-plan from the last window, or, failing a clear gain there, from all
+        samples since the batches last changed (smaller error, same batches)."""
+        busy = [w["busy_s"] for w in window]
+        noise = [w["busy_rse"] for w in window]
+        decision = decide(self.plan, busy, self.threshold, self.method, noise, self._previous)
+        pooled = [w["pooled_busy_s"] for w in window]
+        if not decision.changed and all(p is not None and p > 0 for p in pooled):
+            again = decide(self.plan, pooled, self.threshold, self.method,
+                           [w["pooled_busy_rse"] for w in window])
+            if again.changed:
+                return again
+        return decision
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        plan = self._pending.pop(batch, None)
+        if plan is not None:
+            weight = gradient_weight_of(self.model.optimizer)
+            if weight is not None:
+                weight.set(plan.weights[self.data.rank])
+            self._in_force(plan)
+
+    def on_train_batch_end(self, batch, logs=None):
+        k = self.rebalance
+        if not isinstance(k, int) or (batch + 1) % k:
+            return
+        effective = batch + 1 + k
+        if effective < self.data.steps:
+            self._replan(self._gather_window(), effective)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._pending.clear()
+        self.data.set_epoch(self.data.epoch + 1)  # never repeat a permutation, even across fits
+        window = self._gather_window()
+        self._replan(window, 0)
+        if logs is not None:
+            if self.history[-1]["efficiency"] is not None:
+                logs["balance_efficiency"] = self.history[-1]["efficiency"]
+            for i, w in enumerate(window):
+                if w["busy_s"] is not None:
+                    logs[f"rank{i}_busy_ms"] = 1e3 * w["busy_s"]
+                if w["wait_s"] is not None:
+                    logs[f"rank{i}_wait_ms"] = 1e3 * w["wait_s"]
+                logs[f"rank{i}_local_batch"] = w["local_batch"]

@@ -1,0 +1,78 @@
+"""Side-by-side speed benchmark: plain Horovod, the paper's rule and hvd_balance, on emulated mixed devices.
+
+Runs the same Keras model on the same data under several strategies, each repetition of each
+strategy as its own job on ranks of unequal speed (:mod:`hvd_balance.emulate`: a cgroup CPU
+quota per rank, and optionally a fixed delay per training step), interleaved
+``A B C A B C ...`` so a slow phase of the shared machine hits every strategy alike::
+
+    python -m hvd_balance.bench --model cnn --shares 1.0,0.25 --reps 3 --epochs 3 \\
+        --global-batch 512 --samples 25600 --benchmark-batches 0.25x,0.5x \\
+        --benchmark-repeats 3 --out results/cnn_2ranks.json --plot docs/bench/cnn_2ranks.png
+    hvd-balance bench --model cnn --shares 1.0,1.0 --step-delay-ms 0,20 ...
+    python -m hvd_balance.bench --smoke --out results/smoke.json   # one tiny repetition
+
+Each job runs in its own session; past ``--job-timeout``, or when the driver gets SIGINT,
+SIGTERM or SIGHUP, the job's launcher is stopped first (it removes its cgroups), then its
+process group.
+
+Strategies (same global batch ``B``, samples, seed, model, data pipeline and step):
+
+- ``uniform``: plain Horovod: local batch ``B / N`` on every rank, ``hvd.DistributedOptimizer``;
+- ``proportional``: the paper's rule, ``b_i`` proportional to the throughput each rank
+  measures (:class:`hvd_balance.LoadBalancer` with ``method="proportional"``);
+- ``balanced``: hvd_balance's solver (``LoadBalancer`` with ``method="minmax"``);
+- ``adaptive`` (only when asked for): ``balanced``, re-planned at every epoch end from the
+  measured busy times (``LoadBalancer(rebalance="epoch")``);
+- ``telemetry`` (only when asked for): no benchmark phase; equal batches first, re-planned
+  every third of an epoch from the measured busy times (``LoadBalancer(benchmark=False,
+  rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's.
+
+What is measured, per rank and per training step, inside the compiled step (``tf.timestamp``
+ops in the model's ``train_step``, which is Keras's own; identical for all strategies):
+
+- *busy*: from the end of the previous step's weight update to this rank's local gradients
+  being ready: input pipeline, Python and Keras work between steps, forward and backward;
+- *wait*: from then to the end of this step's update: the allreduce (waiting for the slower
+  ranks, then the reduction itself) and the update.
+
+(:mod:`hvd_balance.keras.telemetry` measures the same except that it counts the update as busy
+time; the benchmark keeps its own per-step record because it needs every rank's value for
+every step, and because uniform runs ``hvd.DistributedOptimizer``, which has no telemetry.)
+
+A step's wall time is ``busy_i + wait_i`` on every rank. An epoch's wall time is taken from
+the end of the previous epoch to the end of this one (rank 0's clock; the last step's
+allreduce ends on every rank together), so it includes every rank's work between epochs.
+Per job the driver keeps the medians over the steady steps and epochs (the 2nd and later;
+all of them for a one-epoch run); per strategy it reports the median over repetitions, and:
+
+- ``speedup``: median uniform epoch time / the strategy's median epoch time;
+- ``ideal_speedup``: from the per-rank throughputs measured in the uniform jobs,
+  ``r_i = (B / N) / busy_i``: the uniform step with no overhead takes ``max_i busy_i``, the
+  ideal step (every rank busy all the time, no overhead) ``B / sum_i r_i``, so
+  ``ideal_speedup = max_i busy_i * sum_i r_i / B = max_i busy_i * mean_i (1 / busy_i)``;
+- ``efficiency``: per step ``mean_i busy_i / max_i busy_i``, median over steps; and
+  ``efficiency_ceiling``, the same with each rank's busy times scaled to a common median
+  (what the step-to-step jitter alone leaves to a perfect plan);
+- ``benchmark_phase_s``: the LoadBalancer's benchmark phase (measuring, gathering,
+  planning, broadcasting), from the last rank entering it to the last leaving it;
+  ``benchmark_share`` of the job (phase + epochs), and ``benchmark_share_5_epochs`` of a
+  5-epoch run (the job's first epoch plus 4 steady ones);
+- ``gap``: where a strategy's step goes against the ideal one (busy, imbalance, allreduce,
+  work between epochs), and ``fixed_cost_limit``: the best step if each rank's busy time is a
+  fixed cost plus a cost per sample (a line fitted over every job's batches), plus the
+  measured allreduce.
+
+The training input is ``BalancedData`` with tf.data autotuning off (``--tf-data-autotune``
+turns it back on): with it on, Keras's deletion of each epoch's iterator waits for the
+autotune thread, seconds between epochs on these emulated ranks (see BENCHMARKS.md).
+
+Output: a JSON file with every job's raw per-rank, per-step figures and the summary, and a PNG
+chart (per-rank busy and waiting time per step for each strategy, and the epoch times);
+``--from-json`` recomputes both from a report. The driver imports no TensorFlow or Horovod;
+each job runs this module with ``--worker`` under ``python -m hvd_balance.emulate``, which
+needs root.
+"""
+
+from .driver import main
+
+__all__ = ["main"]

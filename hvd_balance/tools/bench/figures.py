@@ -1,0 +1,270 @@
+"""The benchmark's figures: pure functions of measured numbers (no TensorFlow).
+
+See :mod:`hvd_balance.tools.bench` for what each figure means.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Sequence
+
+def _median(values: Sequence[float]) -> Optional[float]:
+    values = [float(v) for v in values if v is not None]
+    return float(statistics.median(values)) if values else None
+
+
+def ideal_speedup(busy_s: Sequence[float], local_batches: Sequence[int]) -> Dict[str, Any]:
+    """Ideal speedup over the uniform split, from each rank's busy seconds per step in it.
+
+    Args:
+        busy_s: per rank, the median busy seconds per step at its local batch.
+        local_batches: per rank, the local batch of those steps (samples).
+
+    Returns:
+        ``{"samples_per_s": [r_i], "uniform_step_s": max_i b_i / r_i,
+        "ideal_step_s": B / sum_i r_i, "ideal_speedup": their ratio}`` with
+        ``r_i = b_i / busy_i`` and ``B = sum_i b_i``.
+
+    Example:
+        >>> round(ideal_speedup([0.1, 0.4], [128, 128])["ideal_speedup"], 6)
+        2.5
+    """
+    rates = [b / t for b, t in zip(local_batches, busy_s)]
+    uniform_step_s = max(b / r for b, r in zip(local_batches, rates))
+    ideal_step_s = sum(local_batches) / sum(rates)
+    return {"samples_per_s": rates, "uniform_step_s": uniform_step_s,
+            "ideal_step_s": ideal_step_s, "ideal_speedup": uniform_step_s / ideal_step_s}
+
+
+def step_efficiency(busy_per_rank: Sequence[Sequence[float]]) -> List[float]:
+    """Per step, ``mean_i busy_i / max_i busy_i`` (1 = every rank busy the whole step).
+
+    Args:
+        busy_per_rank: ``busy_per_rank[i][s]``, rank ``i``'s busy seconds in step ``s``.
+    """
+    out = []
+    for step in zip(*busy_per_rank):
+        top = max(step)
+        out.append(sum(step) / len(step) / top if top > 0 else 1.0)
+    return out
+
+
+def fixed_cost_limit(points: Sequence[Sequence[Sequence[float]]], global_batch: int):
+    """The best busy step time when each rank's busy time is ``a_i + c_i b`` (a line per rank).
+
+    Args:
+        points: per rank, ``[(local_batch, busy_s), ...]`` from the jobs; a line is fitted
+            (least squares) when the batches span at least 10 % of their mean.
+        global_batch: ``B``.
+
+    Returns:
+        ``{"fixed_s": [a_i], "per_sample_s": [c_i], "limit_step_s": T}`` where ``T`` solves
+        ``sum_i (T - a_i) / c_i = B`` (every rank finishing together, fractional batches),
+        or ``None`` when some rank's points do not span enough batch sizes.
+    """
+    fixed, slope = [], []
+    for pts in points:
+        b = [float(p[0]) for p in pts]
+        t = [float(p[1]) for p in pts]
+        if len(b) < 2 or (max(b) - min(b)) < 0.1 * (sum(b) / len(b)):
+            return None
+        mb, mt = sum(b) / len(b), sum(t) / len(t)
+        c = sum((x - mb) * (y - mt) for x, y in zip(b, t)) / sum((x - mb) ** 2 for x in b)
+        if c <= 0:
+            return None
+        fixed.append(mt - c * mb)
+        slope.append(c)
+    limit = (global_batch + sum(a / c for a, c in zip(fixed, slope))) / sum(1 / c for c in slope)
+    return {"fixed_s": fixed, "per_sample_s": slope, "limit_step_s": limit}
+
+
+def steady_epochs(num_epochs: int) -> List[int]:
+    """The epochs whose figures count: 2nd and later (the 1st traces the step), or the only one."""
+    return list(range(1, num_epochs)) if num_epochs > 1 else [0]
+
+
+def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
+    """One job's medians from its per-rank records (see :func:`run_worker` for the input)."""
+    ranks = result["ranks"]
+    epochs = steady_epochs(len(ranks[0]["epoch_s"]))
+    busy = [[t for e in epochs for t in r["busy_s"][e]] for r in ranks]
+    wait = [[t for e in epochs for t in r["wait_s"][e]] for r in ranks]
+    eff = step_efficiency(busy)
+    # The same steps with each rank's busy time scaled so that the medians are equal: what a
+    # perfect static plan would leave (the step-to-step jitter alone).
+    med = [_median(b) for b in busy]
+    top = max(med) if med and all(m for m in med) else None
+    jitter_eff = step_efficiency([[t * top / m for t in b] for b, m in zip(busy, med)]) if top else []
+    epoch_s = ranks[0]["epoch_s"]
+    bench_s = result.get("benchmark_phase_s") or 0.0
+    run_s = bench_s + sum(epoch_s)
+    steady = _median([epoch_s[e] for e in epochs])
+    busy_med = [_median(b) for b in busy]
+    # What the same job would take over 5 epochs: its first epoch plus 4 steady ones.
+    run5_s = bench_s + epoch_s[0] + 4 * steady
+    predicted = result.get("plan", {}).get("predicted_step_s") or []
+    return {
+        "local_batches": result["local_batches"],
+        "steps_per_epoch": result["steps_per_epoch"],
+        "epoch_s": epoch_s,
+        "steady_epoch_s": steady,
+        "busy_s": busy_med,
+        "wait_s": [_median(w) for w in wait],
+        "step_s": _median([b + w for b, w in zip(busy[0], wait[0])]),
+        "efficiency": _median(eff),
+        "efficiency_ceiling": _median(jitter_eff),
+        "efficiency_total": (sum(sum(s) / len(s) for s in zip(*busy)) /
+                             sum(max(s) for s in zip(*busy))) if eff else None,
+        "benchmark_phase_s": bench_s,
+        "benchmark_measure_s": result.get("benchmark_measure_s"),
+        "benchmark_share": bench_s / run_s if run_s > 0 else None,
+        "benchmark_share_5_epochs": bench_s / run5_s if run5_s > 0 else None,
+        "run_s": run_s,
+        "first_epoch_s": epoch_s[0],
+        "run_5_epochs_s": run5_s,
+        # The planner's predicted step time against the busy time measured in training.
+        "busy_over_predicted": ([b / p for b, p in zip(busy_med, predicted)]
+                                if predicted and len(predicted) == len(busy_med) else None),
+        "final_loss": result.get("final_loss"),
+    }
+
+
+def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batch: int) -> Dict[str, Any]:
+    """Medians per strategy over repetitions, speedups, the ideal and the gap analysis."""
+    per: Dict[str, List[Dict[str, Any]]] = {s: [] for s in strategies}
+    for job in jobs:
+        if job.get("summary") is not None:
+            per[job["strategy"]].append(job["summary"])
+    out: Dict[str, Any] = {"strategies": {}}
+    for name, runs in per.items():
+        if not runs:
+            out["strategies"][name] = None
+            continue
+        n = len(runs[0]["busy_s"])
+        out["strategies"][name] = {
+            "repetitions": len(runs),
+            # Per rank, the median over repetitions (each repetition plans anew).
+            "local_batches": [int(round(_median([r["local_batches"][i] for r in runs])))
+                              for i in range(n)],
+            "local_batches_per_rep": [r["local_batches"] for r in runs],
+            "steps_per_epoch": runs[0]["steps_per_epoch"],
+            "epoch_s": _median([r["steady_epoch_s"] for r in runs]),
+            "epoch_s_per_rep": [r["steady_epoch_s"] for r in runs],
+            "all_epoch_s_per_rep": [r["epoch_s"] for r in runs],
+            "step_s": _median([r["step_s"] for r in runs]),
+            "busy_s": [_median([r["busy_s"][i] for r in runs]) for i in range(n)],
+            "wait_s": [_median([r["wait_s"][i] for r in runs]) for i in range(n)],
+            "efficiency": _median([r["efficiency"] for r in runs]),
+            "efficiency_ceiling": _median([r.get("efficiency_ceiling") for r in runs]),
+            "efficiency_total": _median([r["efficiency_total"] for r in runs]),
+            "benchmark_phase_s": _median([r["benchmark_phase_s"] for r in runs]),
+            "benchmark_share": _median([r["benchmark_share"] for r in runs]),
+            "benchmark_share_5_epochs": _median([r["benchmark_share_5_epochs"] for r in runs]),
+            "run_s": _median([r["run_s"] for r in runs]),
+            "first_epoch_s": _median([r.get("first_epoch_s") for r in runs]),
+            "run_5_epochs_s": _median([r.get("run_5_epochs_s") for r in runs]),
+            "busy_over_predicted": (None if runs[0]["busy_over_predicted"] is None else
+                                    [_median([r["busy_over_predicted"][i] for r in runs])
+                                     for i in range(n)]),
+            "final_loss": _median([r["final_loss"] for r in runs]),
+        }
+    uniform = out["strategies"].get("uniform")
+    ideal = None
+    if uniform:
+        ideals = [ideal_speedup(r["busy_s"], r["local_batches"]) for r in per["uniform"]]
+        ideal = {
+            "samples_per_s": [_median([x["samples_per_s"][i] for x in ideals])
+                              for i in range(len(ideals[0]["samples_per_s"]))],
+            "uniform_step_s": _median([x["uniform_step_s"] for x in ideals]),
+            "ideal_step_s": _median([x["ideal_step_s"] for x in ideals]),
+            "ideal_speedup": _median([x["ideal_speedup"] for x in ideals]),
+            "ideal_speedup_per_rep": [x["ideal_speedup"] for x in ideals],
+        }
+        ideal["ideal_epoch_s"] = ideal["ideal_step_s"] * uniform["steps_per_epoch"]
+    out["ideal"] = ideal
+    for name, s in out["strategies"].items():
+        if not s:
+            continue
+        if uniform:
+            s["speedup"] = uniform["epoch_s"] / s["epoch_s"]
+            pairs = list(zip([r["steady_epoch_s"] for r in per["uniform"]],
+                             [r["steady_epoch_s"] for r in per[name]]))
+            s["speedup_per_rep"] = [u / x for u, x in pairs]
+            s["ideal_speedup"] = ideal["ideal_speedup"]
+            s["fraction_of_ideal"] = s["speedup"] / ideal["ideal_speedup"]
+        s["gap"] = _gap(s, ideal)
+    # Balanced against proportional (the case with a fixed per-step cost).
+    bal, prop = out["strategies"].get("balanced"), out["strategies"].get("proportional")
+    if bal and prop:
+        out["balanced_vs_proportional"] = {
+            "epoch_time_ratio": prop["epoch_s"] / bal["epoch_s"],
+            "per_rep": [p["steady_epoch_s"] / b["steady_epoch_s"]
+                        for p, b in zip(per["proportional"], per["balanced"])],
+        }
+    # The limit when busy time is a fixed cost plus a cost per sample (every job's points).
+    points = None
+    if all(per[s] for s in strategies):
+        n = len(per[strategies[0]][0]["busy_s"])
+        points = [[(r["local_batches"][i], r["busy_s"][i]) for s in strategies for r in per[s]]
+                  for i in range(n)]
+    limit = fixed_cost_limit(points, global_batch) if points else None
+    if limit and uniform:
+        bal_or_any = bal or prop
+        comm_s = min(bal_or_any["wait_s"]) if bal_or_any else 0.0
+        limit["limit_step_with_comm_s"] = limit["limit_step_s"] + comm_s
+        limit["limit_speedup"] = uniform["step_s"] / limit["limit_step_with_comm_s"]
+    out["fixed_cost_limit"] = limit
+    return out
+
+
+def _gap(s: Dict[str, Any], ideal: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Where a strategy's epoch goes, per step, against the ideal step (seconds per step).
+
+    ``epoch/steps = mean busy + (max busy - mean busy) + comm + epoch overhead``, with
+    comm the least wait over ranks (what even the last rank to arrive pays: the reduction
+    and the update) and the rest what the slowest rank's busy time does not explain.
+    """
+    steps = s["steps_per_epoch"]
+    per_step = s["epoch_s"] / steps
+    mean_busy = sum(s["busy_s"]) / len(s["busy_s"])
+    max_busy = max(s["busy_s"])
+    comm = min(s["wait_s"])
+    gap = {"epoch_per_step_s": per_step, "mean_busy_s": mean_busy,
+           "imbalance_s": max_busy - mean_busy, "comm_s": comm,
+           "epoch_overhead_s": per_step - max_busy - comm}
+    # The ideal step at this strategy's own operating point: every rank at the throughput it
+    # showed here (b_i / busy_i), all finishing together, no overhead.
+    rates = [b / t for b, t in zip(s["local_batches"], s["busy_s"])]
+    gap["own_ideal_step_s"] = sum(s["local_batches"]) / sum(rates)
+    gap["own_ideal_fraction"] = gap["own_ideal_step_s"] / per_step
+    if ideal:
+        gap["ideal_step_s"] = ideal["ideal_step_s"]
+        gap["busy_above_ideal_s"] = mean_busy - ideal["ideal_step_s"]
+    return gap
+
+
+def targets(summary: Dict[str, Any], shares: Sequence[float], delays: Sequence[float],
+            epochs: int = 5) -> Dict[str, Any]:
+    """The issue's targets that apply to this configuration, each with its figure and verdict."""
+    out: Dict[str, Any] = {}
+    bal = summary["strategies"].get("balanced")
+    if not bal:
+        return out
+    share_set = ",".join(f"{s:g}" for s in shares)
+    if "speedup" in bal:
+        if share_set == "1,0.25" and not any(delays):
+            out["speedup_over_uniform>=2.0"] = {"value": bal["speedup"], "met": bal["speedup"] >= 2.0}
+            out["fraction_of_ideal>=0.90"] = {"value": bal["fraction_of_ideal"],
+                                              "met": bal["fraction_of_ideal"] >= 0.90}
+        if share_set == "1,0.5,0.25,0.25" and not any(delays):
+            out["fraction_of_ideal>=0.85"] = {"value": bal["fraction_of_ideal"],
+                                              "met": bal["fraction_of_ideal"] >= 0.85}
+    out["efficiency>=0.95"] = {"value": bal["efficiency"], "met": bal["efficiency"] >= 0.95}
+    # The share of a 5-epoch run: measured when the jobs ran 5 epochs or more, else from the
+    # job's first epoch plus 4 steady ones (see summarize_job).
+    share = bal["benchmark_share"] if epochs >= 5 else bal["benchmark_share_5_epochs"]
+    out["benchmark_share_of_5_epochs<=0.03"] = {"value": share, "met": share <= 0.03}
+    if any(delays) and "balanced_vs_proportional" in summary:
+        ratio = summary["balanced_vs_proportional"]["epoch_time_ratio"]
+        out["balanced_beats_proportional"] = {"value": ratio, "met": ratio > 1.0}
+    return out

@@ -1,0 +1,26 @@
+"""The benchmark's fixed settings: strategies, models, the smoke run."""
+
+from __future__ import annotations
+
+from ...core.replan import MIN_SAMPLES
+
+STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this order
+# "adaptive" (on request): balanced, then re-planned at every epoch end from the measured
+# busy times (LoadBalancer(rebalance="epoch")). "telemetry" (on request): no benchmark,
+# equal batches first, re-planned every K steps (LoadBalancer(benchmark=False, rebalance=K)).
+ALL_STRATEGIES = STRATEGIES + ("adaptive", "telemetry")
+METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "adaptive": "minmax",
+             "telemetry": "minmax"}
+
+
+def telemetry_window(steps_per_epoch: int) -> int:
+    """Steps per re-planning window of the ``telemetry`` strategy: a third of an epoch, and
+    more than the LoadBalancer's minimum of timed steps in a window (``MIN_SAMPLES``)."""
+    return max(MIN_SAMPLES + 1, steps_per_epoch // 3)
+MODELS = ("cnn", "mlp", "tiny")
+
+_STOP_GRACE_S = 20.0
+SMOKE = {"model": "tiny", "shares": "1.0,0.5", "reps": 1, "epochs": 2, "global_batch": 256,
+         "samples": 4096}
+
+

@@ -1,0 +1,271 @@
+"""The benchmark's worker: one job on every rank (TensorFlow and Horovod imported here only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Optional
+
+from ..emulate import ENV_STEP_DELAY_MS
+from .settings import METHOD_OF, MODELS, telemetry_window
+
+def _model_parts(name: str):
+    """``(input_shape, layers)`` of a benchmark model."""
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    if name == "cnn":
+        return (16, 16, 1), [
+            L.Conv2D(32, 3, padding="same", activation="relu"),
+            L.Conv2D(64, 3, padding="same", activation="relu"), L.MaxPool2D(),
+            L.Conv2D(64, 3, padding="same", activation="relu"), L.MaxPool2D(),
+            L.Flatten(), L.Dense(128, activation="relu"), L.Dense(10)]
+    if name == "mlp":
+        return (256,), [L.Dense(1024, activation="relu"), L.Dense(1024, activation="relu"),
+                        L.Dense(10)]
+    if name == "tiny":
+        return (8, 8, 1), [L.Conv2D(16, 3, padding="same", activation="relu"),
+                           L.Conv2D(16, 3, padding="same", activation="relu"), L.Flatten(),
+                           L.Dense(10)]
+    raise ValueError(f"unknown model {name!r}; choose one of {MODELS}")
+
+
+def make_data(input_shape, samples: int, seed: int):
+    """Synthetic, learnable data: Gaussian inputs, labels from a fixed random linear map."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((samples,) + tuple(input_shape), dtype=np.float32)
+    w = rng.standard_normal((int(np.prod(input_shape)), 10), dtype=np.float32)
+    y = np.argmax(x.reshape(samples, -1) @ w, axis=1).astype("int32")
+    return x, y
+
+
+def _worker_classes():
+    """The Keras classes the worker needs (defined on first use, after TF is imported)."""
+    import tensorflow as tf
+
+    def sleep_ms(ms):
+        time.sleep(float(ms) / 1e3)
+        return ms
+
+    class StepDelay(tf.keras.layers.Layer):
+        """In training mode, sleep ``delay_ms`` before passing the input on: a device with a
+        fixed cost per step (it is paid in ``fit`` and in the LoadBalancer's benchmark step)."""
+
+        def __init__(self, delay_ms: float = 0.0, **kwargs):
+            super().__init__(**kwargs)
+            self.delay_ms = float(delay_ms)
+
+        def call(self, inputs, training=None):
+            if self.delay_ms <= 0 or training is None or training is False:
+                return inputs
+            done = tf.numpy_function(sleep_ms, [tf.constant(self.delay_ms, tf.float64)],
+                                     tf.float64, name="step_delay")
+            if tf.is_tensor(training):
+                done = tf.cond(training, lambda: done, lambda: tf.constant(0.0, tf.float64))
+            with tf.control_dependencies([done]):
+                return tf.identity(inputs)
+
+    class StepTiming:
+        """Per-step busy and wait seconds of this rank, recorded in the compiled step.
+
+        ``record(ready_s, end_s)`` (in the graph) stores ``ready_s - previous end_s`` as busy
+        and ``end_s - ready_s`` as wait; :meth:`start` marks an epoch's beginning and
+        :meth:`read` returns the epoch's steps.
+        """
+
+        def __init__(self, capacity: int):
+            self.capacity = int(capacity)
+            self.prev_end_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self.busy_s = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False)
+            self.wait_s = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False)
+            self.count = tf.Variable(0, dtype=tf.int32, trainable=False)
+
+        def record(self, ready_s, end_s):
+            k = tf.minimum(self.count, self.capacity - 1)[None, None]
+            ops = [self.busy_s.scatter_nd_update(k, [ready_s - self.prev_end_s]),
+                   self.wait_s.scatter_nd_update(k, [end_s - ready_s])]
+            with tf.control_dependencies(ops):
+                return tf.group(self.prev_end_s.assign(end_s), self.count.assign_add(1))
+
+        def start(self):
+            self.count.assign(0)
+            self.prev_end_s.assign(time.time())  # the clock tf.timestamp reads
+
+        def read(self):
+            n = min(int(self.count.numpy()), self.capacity)
+            return self.busy_s.numpy()[:n].tolist(), self.wait_s.numpy()[:n].tolist()
+
+    class ReadyTape:
+        """A GradientTape stand-in for ``optimizer.minimize``: takes the gradients from the
+        real tape and stamps the moment they are all ready, before any allreduce sees them."""
+
+        def __init__(self, tape):
+            self.tape = tape
+            self.ready_s = None
+
+        def gradient(self, target, sources, output_gradients=None, **kwargs):
+            grads = self.tape.gradient(target, sources, output_gradients, **kwargs)
+            flat = [g for g in tf.nest.flatten(grads, expand_composites=True) if g is not None]
+            with tf.control_dependencies(flat):
+                self.ready_s = tf.timestamp()
+            with tf.control_dependencies([self.ready_s]):
+                return [None if g is None else tf.identity(g) for g in grads]
+
+    class TimedSequential(tf.keras.Sequential):
+        """``Sequential`` whose ``train_step`` is Keras's own, with the step timed."""
+
+        step_timing: StepTiming = None
+
+        def train_step(self, data):
+            x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x, y, y_pred, sample_weight)
+            ready = ReadyTape(tape)
+            self.optimizer.minimize(loss, self.trainable_variables, tape=ready)
+            with tf.control_dependencies([v.read_value() for v in self.trainable_variables]):
+                end_s = tf.timestamp()
+            with tf.control_dependencies([self.step_timing.record(ready.ready_s, end_s)]):
+                return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    class StepRecorder(tf.keras.callbacks.Callback):
+        """Per epoch: begin and end times (time.time()) and the step timing's busy and wait lists."""
+
+        def __init__(self, timing: StepTiming, data, advance_epoch: bool = False):
+            super().__init__()
+            self.timing, self.data, self.advance_epoch = timing, data, advance_epoch
+
+        def on_train_begin(self, logs=None):
+            self.begin_at, self.end_at, self.busy_s, self.wait_s, self.loss = [], [], [], [], []
+            self.local_batch = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.timing.start()
+            self.begin_at.append(time.time())
+            self.local_batch.append(self.data.local_batch_size)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.end_at.append(time.time())
+            busy, wait = self.timing.read()
+            self.busy_s.append(busy)
+            self.wait_s.append(wait)
+            self.loss.append(float((logs or {}).get("loss", float("nan"))))
+            if self.advance_epoch:  # the LoadBalancer does this when there is one
+                self.data.set_epoch(epoch + 1)
+
+    class Mark(tf.keras.callbacks.Callback):
+        """Records the time (``time.time()``) of its ``on_train_begin``; placed on both sides
+        of the LoadBalancer, two of them time its benchmark phase on this rank."""
+
+        at = None
+
+        def on_train_begin(self, logs=None):
+            self.at = time.time()
+
+    return StepDelay, StepTiming, TimedSequential, StepRecorder, Mark
+
+
+def run_worker(args) -> int:
+    """One job on every rank; rank 0 writes ``{"ranks": [...], ...}`` to ``args.job_out``."""
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+
+    import hvd_balance
+    from hvd_balance.keras import collective
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    delay_ms = float(os.environ.get(ENV_STEP_DELAY_MS) or 0.0)
+    StepDelay, StepTiming, TimedSequential, StepRecorder, Mark = _worker_classes()
+    tf.keras.utils.set_random_seed(args.seed)
+    input_shape, layers = _model_parts(args.model)
+    x, y = make_data(input_shape, args.samples, args.seed)
+    window = (telemetry_window(args.samples // args.global_batch)
+              if args.strategy == "telemetry" else None)
+    data = hvd_balance.BalancedData(x, y, global_batch_size=args.global_batch, seed=args.seed,
+                                    segment_steps=window)
+    model = TimedSequential([tf.keras.Input(input_shape), StepDelay(delay_ms), *layers])
+    model.step_timing = StepTiming(data.steps)
+    sgd = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
+    if args.strategy == "uniform":
+        optimizer = hvd.DistributedOptimizer(sgd)
+    else:
+        optimizer = hvd_balance.DistributedOptimizer(sgd)
+    model.compile(optimizer=optimizer,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    balancer, before, after = None, Mark(), Mark()
+    if args.strategy == "uniform":
+        recorder = StepRecorder(model.step_timing, data, advance_epoch=True)
+    else:
+        balancer = hvd_balance.LoadBalancer(
+            data, method=METHOD_OF[args.strategy], verbose=0, repeats=args.benchmark_repeats,
+            benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
+            benchmark=args.strategy != "telemetry",
+            rebalance={"adaptive": "epoch", "telemetry": window}.get(args.strategy, "off"))
+        recorder = StepRecorder(model.step_timing, data)
+        callbacks += [before, balancer, after]
+    callbacks.append(recorder)
+    train = data
+    if not args.tf_data_autotune:
+        # With tf.data autotuning on, deleting an epoch's iterator waits for the autotune
+        # thread's sleep to end: seconds between epochs (see BENCHMARKS.md). The batches
+        # still come from ``data`` (its generator reads the plan and the epoch).
+        options = tf.data.Options()
+        options.autotune.enabled = False
+        train = data.with_options(options)
+    model.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks)
+
+    # An epoch lasts from the end of the previous one (the last step's allreduce ends on all
+    # ranks together) to its own end, so it includes every rank's work between epochs.
+    epoch_s = [recorder.end_at[0] - recorder.begin_at[0]] + [
+        b - a for a, b in zip(recorder.end_at, recorder.end_at[1:])]
+    mine = {"rank": rank, "local_batch": data.local_batch_size, "epoch_s": epoch_s,
+            "epoch_begin_at": recorder.begin_at, "epoch_end_at": recorder.end_at,
+            "busy_s": recorder.busy_s, "wait_s": recorder.wait_s, "loss": recorder.loss,
+            "local_batch_per_epoch": recorder.local_batch,
+            "step_delay_ms": delay_ms, "cpu_share": os.environ.get("HVD_BALANCE_CPU_SHARE"),
+            "benchmark_begin_at": before.at, "benchmark_end_at": after.at}
+    ranks = collective.allgather_object(mine, name="hvd_balance.bench.results")
+    if rank == 0:
+        plan = balancer.plan if balancer is not None else hvd_balance.Plan.uniform(args.global_batch, size)
+        result = {
+            "strategy": args.strategy, "world_size": size, "model": args.model,
+            "global_batch": args.global_batch, "samples": args.samples, "epochs": args.epochs,
+            "steps_per_epoch": data.steps, "local_batches": list(plan.batch_sizes),
+            "plan": plan.to_dict(),
+            # From the last rank's arrival (fit starts at different times on fast and slow
+            # ranks) to the last rank's departure: what the phase itself costs the job.
+            "benchmark_phase_s": (max(r["benchmark_end_at"] for r in ranks) -
+                                  max(r["benchmark_begin_at"] for r in ranks))
+            if balancer is not None else 0.0,
+            "benchmark_phase_rank0_s": (after.at - before.at) if balancer is not None else 0.0,
+            "benchmark_measure_s": plan.benchmark_s,
+            "final_loss": float(np.mean([r["loss"][-1] for r in ranks])),
+            "replans": balancer.history if balancer is not None else [],
+            "ranks": ranks,
+        }
+        tmp = args.job_out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, default=str)
+        os.replace(tmp, args.job_out)
+    return 0
+
+
+def _benchmark_batches(text: Optional[str], global_batch: int, world_size: int):
+    """``--benchmark-batches``: ``None`` (the LoadBalancer's default), sizes in samples, or
+    fractions of ``B / N`` (``"0.5x,1x"``)."""
+    if not text:
+        return None
+    sizes = []
+    for item in text.split(","):
+        item = item.strip()
+        if item.endswith("x"):
+            sizes.append(max(1, round(float(item[:-1]) * global_batch / world_size)))
+        else:
+            sizes.append(int(item))
+    return sorted(set(sizes))

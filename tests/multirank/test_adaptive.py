@@ -1,0 +1,113 @@
+"""Live telemetry and adaptive rebalancing on real ranks while one rank slows down.
+
+The structural facts (identical plans and decisions on every rank, equal steps, no sample lost
+or repeated) must hold in every run. The timing facts (when the plan changes, how balanced it
+gets) depend on a shared 2-core machine, so a scenario may run twice and must meet them in
+one of the two runs.
+"""
+import numpy as np
+import pytest
+
+from support import run_ranks
+
+SCRIPT = "tests/rank_scripts/drift_fit.py"
+ATTEMPTS = 2
+
+
+def assert_consistent(per_rank, epochs):
+    assert sorted(per_rank) == [0, 1]
+    a, b = per_rank[0], per_rank[1]
+    assert a["history"] == b["history"]                  # identical decisions on every rank
+    assert a["plans"] == b["plans"]                      # and identical plans at every step
+    assert a["steps"] == b["steps"] == [a["len"]] * epochs
+    for epoch in range(epochs):                          # nothing lost or repeated, any plan
+        seen = np.array(a["indices"][epoch] + b["indices"][epoch])
+        assert len(seen) == a["len"] * 256 == len(np.unique(seen))
+
+
+def run_scenario(args, epochs, timing_problems):
+    """Run drift_fit.py with ``args`` up to ATTEMPTS times; return the first run whose
+    timing_problems(per_rank) is empty, or fail with each run's problems."""
+    seen = []
+    for _ in range(ATTEMPTS):
+        run = run_ranks(SCRIPT, np=2, args=args, timeout=180)
+        assert run.returncode == 0, run.stdout[-3000:]
+        per_rank = run.results()
+        assert_consistent(per_rank, epochs)
+        problems = timing_problems(per_rank)
+        if not problems:
+            return per_rank
+        seen.append(problems)
+    pytest.fail(f"timing targets missed in all {ATTEMPTS} runs: {seen}")
+
+
+@pytest.mark.timeout(420)
+def test_plan_follows_a_rank_that_slows_down():
+    epochs, slow_from = 8, 3
+
+    def problems(per_rank):
+        history = per_rank[0]["history"]
+        changes = [h for h in history if h["changed"] and h["epoch"] >= slow_from]
+        if not changes or changes[0]["epoch"] > slow_from + 1:  # within two epochs
+            return f"no change within two epochs of the slowdown: {history}"
+        first = changes[0]
+        if first["batch_sizes"][1] >= history[slow_from - 1]["batch_sizes"][1]:
+            return f"rank 1 did not get less work: {history}"
+        after = [h["efficiency"] for h in history if h["epoch"] > first["epoch"]]
+        if np.median(after) < 0.9:
+            return f"efficiency after the change {after}"
+        return None
+
+    per_rank = run_scenario([epochs, slow_from, 15, "epoch"], epochs, problems)
+    logs = per_rank[0]["logs"][-1]  # the telemetry reaches the Keras logs of every epoch
+    assert {"rank0_busy_ms", "rank1_busy_ms", "rank1_local_batch", "balance_efficiency"} <= set(logs)
+
+
+@pytest.mark.timeout(420)
+def test_steady_speeds_do_not_oscillate():
+    def problems(per_rank):
+        later = [h for h in per_rank[0]["history"] if h["epoch"] >= 1 and h["changed"]]
+        return f"the plan changed after the first epoch: {later}" if later else None
+
+    run_scenario([6, 99, 0, "epoch"], 6, problems)
+
+
+@pytest.mark.timeout(420)
+def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
+    def problems(per_rank):
+        history = per_rank[0]["history"]
+        assert {h["step"] for h in history} <= {0, 12}  # decisions only for boundaries
+        mid_epoch = [h for h in history if h["step"] == 12 and h["changed"]]
+        return None if mid_epoch else f"no change at a mid-epoch boundary: {history}"
+
+    # 25 ms, not the 15 ms of the epoch test: a 6-step window's error bar (2 x its relative
+    # standard error, up to 0.12 when the machine is busy) held back a predicted 30 % gain at
+    # 15 ms in both runs of one CI pass (1 run in 8 here); at 25 ms the first window predicts
+    # 41-46 % and the next 19-37 %, and 8 runs in 8 switched mid-epoch.
+    run_scenario([4, 2, 25, 6], 4, problems)
+
+
+@pytest.mark.timeout(420)
+def test_without_a_benchmark_the_telemetry_finds_the_balance():
+    # 16 steps an epoch; windows of k = 6 steps; a plan decided after step 6 applies from 12
+    epochs, k = 3, 6
+
+    def problems(per_rank):
+        plans, history = per_rank[0]["plans"], per_rank[0]["history"]
+        if plans[0][0] != [128, 128]:
+            return f"did not start from equal batches: {plans[0][0]}"
+        if not history or not history[0]["changed"] or history[0]["step"] != 2 * k:
+            return f"the first window did not re-plan: {history}"
+        last = plans[-1][-1]
+        if not last[0] > last[1]:
+            return f"the slowed rank 1 does not have the smaller batch at the end: {last}"
+        end = [h["efficiency"] for h in history if h["epoch"] == epochs - 1]
+        if max(end) < 0.85:
+            return f"efficiency in the last epoch {end}: {history}"
+        return None
+
+    # rank 1 pays 25 ms a step from the start, a fixed cost that the first, proportional
+    # re-plan overcharges and the line through two windows then corrects. (At 15 ms the first
+    # 6-step window predicts 26-35 %, which its noise allowance held back in 1 run of 8; at
+    # 25 ms it predicts 37-46 % and 8 runs in 8 re-planned there.)
+    run_scenario([epochs, 0, 25, k, "telemetry"], epochs, problems)

@@ -1,0 +1,135 @@
+"""LoadBalancer end to end on real ranks: identical plans, equal steps, disjoint shards,
+weighted metrics, and bad input raising the same error on every rank (never a hang)."""
+
+import re
+
+import numpy as np
+import pytest
+
+from support import run_ranks
+
+SCRIPT = "tests/rank_scripts/balanced_fit.py"
+
+
+
+
+@pytest.fixture(scope="module")
+def audit():
+    run = run_ranks(SCRIPT, np=3, args=["audit"], timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    per_rank = run.results()
+    assert sorted(per_rank) == [0, 1, 2]
+    return per_rank
+
+
+@pytest.mark.timeout(360)
+def test_every_rank_holds_the_same_plan(audit):
+    plans = [audit[r]["plan"] for r in range(3)]
+    assert plans[0] == plans[1] == plans[2]
+    assert sum(plans[0]["batch_sizes"]) == plans[0]["global_batch_size"] == 64
+    assert plans[0]["method"] == "minmax" and len(plans[0]["curves"]) == 3
+    assert [audit[r]["local_batch"] for r in range(3)] == plans[0]["batch_sizes"]
+    # Two rounds: every rank timed B/4N and B/2N (5 and 10 samples here), then each rank
+    # planned well above them timed its planned batch too.
+    for curve in plans[0]["curves"]:
+        assert [b for b, _ in curve[:2]] == [5, 10] and len(curve) in (2, 3)
+    first_round_only = [len(c) == 2 for c in plans[0]["curves"]]
+    assert not all(first_round_only)  # equal ranks each plan about 21 samples: all retime
+
+
+@pytest.mark.timeout(360)
+def test_equal_steps_and_disjoint_shards_over_epochs(audit):
+    steps = 600 // 64
+    for r in range(3):
+        assert audit[r]["steps"] == [steps] * 3 and audit[r]["len"] == steps
+        assert audit[r]["pipeline_matches_indices"]
+    for epoch in range(3):
+        seen = np.concatenate([audit[r]["indices"][epoch] for r in range(3)])
+        assert len(seen) == steps * 64 == len(set(seen.tolist()))
+
+
+@pytest.mark.timeout(360)
+def test_validation_metric_is_the_global_sample_mean(audit):
+    total = sum(audit[r]["val_sum"] for r in range(3))
+    count = sum(audit[r]["val_count"] for r in range(3))
+    assert count == 100  # 100 validation samples, global batch 50: 2 steps, nothing left out
+    assert [audit[r]["val_count"] for r in range(3)] == [2 * audit[r]["val_local_batch"] for r in range(3)]
+    for r in range(3):
+        assert audit[r]["val_loss"] == pytest.approx(total / count, rel=1e-5)
+    # ... which an unweighted mean over ranks would not give with unequal shards.
+    unweighted = np.mean([audit[r]["val_sum"] / audit[r]["val_count"] for r in range(3)])
+    if len({audit[r]["val_count"] for r in range(3)}) > 1:
+        assert abs(unweighted - total / count) > 1e-7
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode, message", [
+    ("global_batch_mismatch", "global_batch_size differs across ranks: rank 0: 64, rank 1: 48"),
+    ("seed_mismatch", "seed differs across ranks: rank 0: 0, rank 1: 1"),
+    ("caps_too_small", "max_batch_sizes=[20, 20] add up to 40 samples, less than the global batch 64"),
+    ("plan_world_size", "it is for 3 ranks, the job has 2"),
+    ("plan_global_batch", "its global batch is 80, the job's is 64"),
+    ("aggregation_across_plans", "the plan can change every 9 steps (an epoch), which is not "
+                                 "a multiple of the optimizer's backward_passes_per_step=2"),
+])
+def test_bad_input_raises_on_every_rank(mode, message):
+    run = run_ranks(SCRIPT, np=2, args=[mode], timeout=180)
+    assert run.returncode != 0
+    for rank in range(2):
+        errors = [l for l in run.rank_lines(rank) if l.startswith("ERROR ")]
+        assert errors and message in errors[0], run.stdout[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_a_saved_plan_is_reused_by_the_next_run_without_benchmarking(tmp_path):
+    path = tmp_path / "plan.yaml"
+    first = run_ranks(SCRIPT, np=2, args=["save", path], timeout=180)
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert path.exists()
+    saved = first.results()[0]["plan"]
+    second = run_ranks(SCRIPT, np=2, args=["load", path], timeout=180)
+    assert second.returncode == 0, second.stdout[-3000:]
+    reused = second.results()
+    # The very same plan, measured curves included (a new benchmark would time differently).
+    assert reused[0]["plan"] == reused[1]["plan"] == saved
+    assert reused[1]["local_batch"] == saved["batch_sizes"][1]
+
+
+@pytest.mark.parametrize("steps, rebalance, bpps, refused", [
+    (9, "epoch", 2, "every 9 steps (an epoch)"),
+    (10, 6, 2, None),
+    (10, 6, 3, "every 10 steps (an epoch)"),  # K divides, but the epoch-end re-plan does not
+    (12, 6, 4, "every 6 steps (rebalance=6)"),
+    (9, "off", 2, None),                      # the plan never changes
+    (12, "epoch", 4, None),
+])
+def test_gradient_aggregation_must_not_span_a_plan_change(steps, rebalance, bpps, refused):
+    import tensorflow as tf
+    import hvd_balance
+
+    data = hvd_balance.BalancedData(np.zeros((steps * 8, 2), "float32"), global_batch_size=8,
+                                    rank=0, world_size=2, segment_steps=2 if rebalance != "epoch" else None)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=hvd_balance.DistributedOptimizer(
+        tf.keras.optimizers.SGD(0.1), backward_passes_per_step=bpps), loss="mse")
+    balancer = hvd_balance.LoadBalancer(data, rebalance=rebalance)
+    balancer.set_model(model)
+    assert len(data) == steps
+    if refused is None:
+        balancer._check_gradient_aggregation()
+    else:
+        with pytest.raises(ValueError, match=re.escape(refused) + ".*backward_passes_per_step="
+                           + str(bpps)):
+            balancer._check_gradient_aggregation()
+
+
+def test_without_a_benchmark_rebalancing_is_required_and_caps_come_from_a_plan():
+    import hvd_balance
+
+    data = hvd_balance.BalancedData(np.zeros((64, 2), "float32"), global_batch_size=8, rank=0,
+                                    world_size=2)
+    with pytest.raises(ValueError, match="benchmark=False .* got rebalance='off'"):
+        hvd_balance.LoadBalancer(data, benchmark=False)
+    with pytest.raises(ValueError, match="takes no max_batch_size \\(got 6\\)"):
+        hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch", max_batch_size=6)
+    assert not hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch").benchmark

@@ -1,0 +1,121 @@
+"""Weighted gradient averaging: one step with unequal local batches equals the global-batch step."""
+
+import pytest
+import tensorflow as tf
+
+import hvd_balance
+from support import run_ranks
+
+
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("batches", ["5,17,42", "7,25"])
+def test_weighted_step_equals_single_process_on_global_batch(batches):
+    sizes = [int(b) for b in batches.split(",")]
+    run = run_ranks("tests/rank_scripts/gradient_equivalence.py", np=len(sizes), args=[batches],
+                    timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:]
+    per_rank = run.results()
+    assert sorted(per_rank) == list(range(len(sizes)))
+    for rank, r in per_rank.items():
+        for case in ("dense", "sparse"):
+            assert r[f"moved_{case}"] > 1e-3          # the step really changed the weights
+            assert r[f"max_rel_err_{case}"] < 1e-5    # and equals the single-process step
+            assert r[f"weight_{case}"] == pytest.approx(sizes[rank] / sum(sizes))
+
+
+def test_not_a_keras_optimizer_is_refused():
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    with pytest.raises(TypeError, match="needs a tf.keras optimizer; got 'sgd'"):
+        hvd_balance.DistributedOptimizer("sgd")
+
+
+def test_ops_other_than_weighted_average_are_refused():
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    with pytest.raises(ValueError, match="op=.*not supported"):
+        hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=hvd.Sum)
+    with pytest.raises(ValueError, match="gradient_predivide_factor=2.0"):
+        hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), gradient_predivide_factor=2.0)
+
+
+def test_single_process_default_weight_is_one_and_training_matches_plain_keras():
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
+    weights = []
+    for make in (lambda: hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+                 lambda: tf.keras.optimizers.SGD(0.1)):
+        tf.keras.utils.set_random_seed(3)
+        model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+        opt = make()
+        model.compile(optimizer=opt, loss="mse")
+        model.train_on_batch(x, y)
+        weights.append(model.get_weights())
+    assert hvd_balance.optimizer.gradient_weight_of(opt) is None
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_telemetry_counts_every_step_and_measures_busy_time():
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    y = np.zeros((64, 1), "float32")
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    read = opt.telemetry.read()
+    assert read["steps"] == 8 and read["busy_steps"] == 7 and len(read["busy_samples"]) == 7
+    assert read["busy_s"] > 0 and read["wait_s"] >= 0
+    assert sum(read["busy_samples"]) == pytest.approx(read["busy_s"])
+    assert opt.telemetry.read()["steps"] == 0  # read resets
+    off = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), telemetry=False)
+    assert off.telemetry is None
+
+
+@pytest.mark.parametrize("legacy,suffix,saved_wrapped", [
+    (False, ".keras", True), (False, ".h5", True), (True, ".h5", True),
+    (False, ".keras", False), (False, ".h5", False), (True, ".h5", False)])
+def test_load_model_wraps_the_saved_optimizer_with_its_state(tmp_path, legacy, suffix,
+                                                              saved_wrapped):
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    from hvd_balance.keras.optimizer import gradient_weight_of
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(32, 1)).astype("float32")
+    sgd = tf.keras.optimizers.legacy.SGD if legacy else tf.keras.optimizers.SGD
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+    opt = sgd(0.1, momentum=0.9)
+    model.compile(optimizer=hvd_balance.DistributedOptimizer(opt) if saved_wrapped else opt,
+                  loss="mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    path = str(tmp_path / f"model{suffix}")
+    model.save(path)
+
+    loaded = hvd_balance.load_model(path)
+    assert gradient_weight_of(loaded.optimizer) is not None
+    assert gradient_weight_of(loaded.optimizer).get() == 1.0 / hvd.size()
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+    # the momentum carried over: one more step moves both models alike
+    model.train_on_batch(x, y)
+    loaded.train_on_batch(x, y)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_the_first_weight_is_one_over_the_process_set_and_aggregation_is_recorded():
+    import horovod.tensorflow.keras as hvd
+    hvd.init()
+    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+                                           process_set=hvd.global_process_set,
+                                           backward_passes_per_step=3)
+    assert opt.gradient_weight.get() == 1.0 / hvd.global_process_set.size()
+    assert opt.backward_passes_per_step == 3

@@ -1,0 +1,213 @@
+"""hvd_balance.bench: the figures' formulas, the per-step timing on real ranks, and a smoke run."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from support import (can_emulate, kill_run_leftovers, launcher_group, PYTHON, REPO, rank_env,
+                      run_command, run_pids, run_ranks, RUN_ID_VAR)
+from hvd_balance.tools.bench import figures, settings, worker
+
+STEP_TIMING = "tests/rank_scripts/bench_step_timing.py"
+
+
+
+
+needs_emulation = pytest.mark.skipif(not can_emulate(),
+                                     reason="needs root and a cgroup cpu controller")
+
+
+# ---------------------------------------------------------------------------------------
+# The formulas (pure).
+
+
+def test_ideal_speedup_of_a_four_to_one_pair_is_two_and_a_half():
+    ideal = figures.ideal_speedup(busy_s=[0.1, 0.4], local_batches=[128, 128])
+    assert ideal["samples_per_s"] == pytest.approx([1280.0, 320.0])
+    assert ideal["uniform_step_s"] == pytest.approx(0.4)
+    assert ideal["ideal_step_s"] == pytest.approx(256 / 1600)
+    assert ideal["ideal_speedup"] == pytest.approx(2.5)
+
+
+def test_ideal_speedup_is_max_busy_times_mean_inverse_busy():
+    busy = [0.1, 0.2, 0.4, 0.4]
+    ideal = figures.ideal_speedup(busy, [64] * 4)
+    assert ideal["ideal_speedup"] == pytest.approx(max(busy) * sum(1 / b for b in busy) / 4)
+    assert figures.ideal_speedup([0.3, 0.3], [100, 100])["ideal_speedup"] == pytest.approx(1.0)
+
+
+def test_step_efficiency_is_mean_over_max_busy_per_step():
+    eff = figures.step_efficiency([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
+    assert eff == pytest.approx([1.0, 0.75, 2 / 3])
+
+
+def test_fixed_cost_limit_makes_every_rank_finish_together():
+    # Rank 0: 10 ms + 1 ms/sample; rank 1: 20 ms + 4 ms/sample; B = 100.
+    points = [[(b, 0.010 + 0.001 * b) for b in (50, 80)], [(b, 0.020 + 0.004 * b) for b in (20, 50)]]
+    limit = figures.fixed_cost_limit(points, 100)
+    assert limit["fixed_s"] == pytest.approx([0.010, 0.020])
+    assert limit["per_sample_s"] == pytest.approx([0.001, 0.004])
+    t = limit["limit_step_s"]
+    assert (t - 0.010) / 0.001 + (t - 0.020) / 0.004 == pytest.approx(100)
+    assert figures.fixed_cost_limit([[(50, 0.1), (51, 0.1)], points[1]], 100) is None
+
+
+def _fake_job(strategy, rep, batches, busy, wait, epoch_s, bench_s=0.0):
+    """A job result as the worker writes it: 2 epochs of 3 steps, constant per-rank times."""
+    ranks = [{"rank": i, "local_batch": b, "epoch_s": epoch_s,
+              "busy_s": [[busy[i]] * 3, [busy[i]] * 3], "wait_s": [[wait[i]] * 3, [wait[i]] * 3],
+              "loss": [2.0, 1.5]} for i, b in enumerate(batches)]
+    result = {"strategy": strategy, "local_batches": batches, "steps_per_epoch": 3,
+              "benchmark_phase_s": bench_s, "benchmark_measure_s": bench_s / 2,
+              "final_loss": 1.5, "ranks": ranks}
+    return {"strategy": strategy, "rep": rep, "result": result,
+            "summary": figures.summarize_job(result)}
+
+
+def test_summary_holds_every_figure_per_strategy():
+    jobs = [
+        _fake_job("uniform", 0, [64, 64], busy=[0.1, 0.4], wait=[0.31, 0.01], epoch_s=[2.0, 1.3]),
+        _fake_job("proportional", 0, [100, 28], busy=[0.16, 0.17], wait=[0.02, 0.01],
+                  epoch_s=[1.0, 0.6], bench_s=0.05),
+        _fake_job("balanced", 0, [102, 26], busy=[0.16, 0.16], wait=[0.01, 0.01],
+                  epoch_s=[1.0, 0.52], bench_s=0.05),
+    ]
+    summary = figures.summarize(jobs, settings.STRATEGIES, 128)
+    assert summary["ideal"]["ideal_speedup"] == pytest.approx(2.5)
+    for name in settings.STRATEGIES:
+        s = summary["strategies"][name]
+        for key in ("epoch_s", "busy_s", "wait_s", "speedup", "ideal_speedup", "efficiency",
+                    "benchmark_share", "benchmark_phase_s", "local_batches", "gap"):
+            assert s[key] is not None, (name, key)
+    bal = summary["strategies"]["balanced"]
+    assert bal["speedup"] == pytest.approx(1.3 / 0.52)
+    assert bal["fraction_of_ideal"] == pytest.approx(1.3 / 0.52 / 2.5)
+    assert bal["efficiency"] == pytest.approx(1.0)
+    assert summary["strategies"]["uniform"]["efficiency"] == pytest.approx(0.625)
+    assert bal["benchmark_share"] == pytest.approx(0.05 / 1.57)
+    assert summary["balanced_vs_proportional"]["epoch_time_ratio"] == pytest.approx(0.6 / 0.52)
+    assert figures.targets(summary, [1.0, 0.25], [0, 0])["speedup_over_uniform>=2.0"]["met"]
+
+
+def test_importing_the_driver_leaves_tensorflow_out():
+    code = "import sys, hvd_balance.bench; print('tensorflow' in sys.modules)"
+    done = subprocess.run([PYTHON, "-c", code], env=rank_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_help_names_the_strategies_and_options():
+    done = subprocess.run([PYTHON, "-m", "hvd_balance.bench", "--help"], env=rank_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for option in ("--shares", "--step-delay-ms", "--reps", "--global-batch", "--smoke", "--plot"):
+        assert option in done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Real ranks.
+
+
+@pytest.mark.timeout(240)
+def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
+    delay_ms = 80
+    run = run_ranks(STEP_TIMING, np=2, args=[str(delay_ms)], timeout=200)
+    assert run.returncode == 0, run.stdout[-3000:]
+    result = run.results()
+    assert result.keys() == {0, 1}, run.stdout[-3000:]
+    r0, r1 = result[0], result[1]
+    assert r0["steps"] == r1["steps"] == [12, 12]
+    delay_s = delay_ms / 1e3
+    # The delayed rank is busy for the delay longer, and the other rank waits for it.
+    assert r1["busy_s"] - r0["busy_s"] == pytest.approx(delay_s, abs=0.03), result
+    assert r0["wait_s"] - r1["wait_s"] == pytest.approx(delay_s, abs=0.03), result
+    # Busy + wait is the synchronous step, the same on both ranks.
+    assert r0["step_s"] == pytest.approx(r1["step_s"], abs=0.02), result
+    # The LoadBalancer's benchmark step pays the delay too; inference does not.
+    assert r1["bench_step_s"] >= delay_s > r0["bench_step_s"], result
+    assert r1["predict_s"] < r0["predict_s"] + delay_s / 2, result
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@needs_emulation
+@pytest.mark.timeout(180)
+def test_a_driver_stopped_by_sigterm_stops_its_job_and_leaves_nothing(tmp_path):
+    """The jobs run in their own sessions: SIGTERM to the driver must reach them."""
+    from hvd_balance.tools import emulate
+
+    run_id = uuid.uuid4().hex
+    driver = subprocess.Popen(
+        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--out", str(tmp_path / "smoke.json"),
+         "--job-timeout", "120"], cwd=REPO, env={**rank_env(), RUN_ID_VAR: run_id},
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    groups = []
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # until a rank of the first job runs in its launcher's group
+            commands = {pid: _cmdline(pid) for pid in run_pids(run_id)}
+            launchers = [pid for pid, c in commands.items() if "hvd_balance.emulate" in c]
+            ranks = [pid for pid, c in commands.items() if "bench --worker" in c
+                     and "hvd_balance.emulate" not in c and "horovodrun" not in c]
+            groups = [launcher_group(pid) for pid in launchers]
+            if ranks and groups and all(os.path.isdir(g) for g in groups):
+                break
+            assert driver.poll() is None and time.monotonic() < deadline, commands
+            time.sleep(0.2)
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(60) == 128 + signal.SIGTERM
+        gone_by = time.monotonic() + 10  # exiting processes (the resource tracker) may linger
+        while run_pids(run_id) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        assert {pid: _cmdline(pid) for pid in run_pids(run_id)} == {}
+        assert not any(os.path.exists(g) for g in groups), groups
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+        kill_run_leftovers(run_id)
+        for group in groups:  # only if the test failed: the launcher removes its own
+            emulate.remove_group_tree(group)
+
+
+@needs_emulation
+@pytest.mark.timeout(240)
+def test_smoke_benchmark_reports_every_figure(tmp_path):
+    out, png = tmp_path / "smoke.json", tmp_path / "smoke.png"
+    done = run_command(
+        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--out", out, "--plot", png,
+         "--job-timeout", "60"], rank_env(), timeout=220, emulated=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    report = json.loads(out.read_text())
+    assert png.stat().st_size > 5000
+    assert report["config"]["shares"] == [1.0, 0.5] and report["config"]["reps"] == 1
+    assert len(report["jobs"]) == 3 and all(j["returncode"] == 0 for j in report["jobs"])
+    assert report["ideal"]["ideal_speedup"] > 0
+    for name in settings.STRATEGIES:
+        s = report["strategies"][name]
+        assert len(s["busy_s"]) == len(s["wait_s"]) == 2
+        assert all(t > 0 for t in s["busy_s"] + s["wait_s"]), s
+        assert s["epoch_s"] > 0 and len(s["all_epoch_s_per_rep"][0]) == 2
+        for key in ("speedup", "ideal_speedup", "fraction_of_ideal", "efficiency",
+                    "benchmark_share", "step_s", "gap"):
+            assert s[key] is not None, (name, key)
+        assert sum(s["local_batches"]) == 256
+    assert report["strategies"]["uniform"]["local_batches"] == [128, 128]
+    assert report["strategies"]["uniform"]["benchmark_share"] == 0
+    balanced = report["strategies"]["balanced"]
+    assert len(set(balanced["local_batches"])) > 1, balanced["local_batches"]
+    assert 0 < balanced["benchmark_share"] < 1
+    assert "efficiency>=0.95" in report["targets"]

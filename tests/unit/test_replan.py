@@ -1,0 +1,78 @@
+"""Re-planning from measured busy times: corrections, hysteresis, noise (pure, no TensorFlow)."""
+import numpy as np
+import pytest
+
+from hvd_balance import Plan, plan_batches
+from hvd_balance.core.replan import balance_efficiency, corrected_curves, decide, robust_busy
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def affine(fixed_s, per_sample_s):
+    return lambda b: fixed_s + per_sample_s * b
+
+
+def test_speed_drift_is_corrected_in_one_round():
+    # Both ranks benchmarked alike; rank 1 then runs 3x slower (a CPU quota).
+    true = [affine(0.002, 0.0001), affine(0.006, 0.0003)]
+    curve = [(b, 0.002 + 0.0001 * b) for b in (32, 64, 128)]
+    plan = plan_batches([curve, curve], 128)
+    busy = [t(b) for t, b in zip(true, plan.batch_sizes)]
+    d = decide(plan, busy)
+    assert d.changed and d.gain > 0.3
+    after = [t(b) for t, b in zip(true, d.plan.batch_sizes)]
+    assert balance_efficiency(after) > 0.97
+    assert sum(d.plan.batch_sizes) == 128
+
+
+def test_new_fixed_delay_converges_with_the_line_through_two_windows():
+    true = [affine(0.002, 0.0001), affine(0.017, 0.0001)]  # rank 1 now pays +15 ms a step
+    curve = [(b, 0.002 + 0.0001 * b) for b in (32, 64, 128, 255)]
+    plan, previous = plan_batches([curve, curve], 256), None
+    for _ in range(4):
+        busy = [t(b) for t, b in zip(true, plan.batch_sizes)]
+        d = decide(plan, busy, previous=previous)
+        previous = list(zip(plan.batch_sizes, busy))
+        plan = d.plan
+    final = [t(b) for t, b in zip(true, plan.batch_sizes)]
+    assert balance_efficiency(final) > 0.97, (plan.batch_sizes, final)
+
+
+def test_steady_speeds_keep_the_plan():
+    curve = [(b, 0.002 + 0.0001 * b) for b in (32, 64, 128)]
+    plan = plan_batches([curve, curve], 128)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        busy = [0.0084 * (1 + 0.01 * rng.standard_normal()) for _ in range(2)]
+        d = decide(plan, busy, threshold=0.03)
+        assert not d.changed
+        plan = d.plan
+    assert plan.batch_sizes == (64, 64)
+
+
+def test_noisy_measurements_need_a_larger_gain():
+    plan = Plan.from_batch_sizes([64, 64])
+    busy = [0.010, 0.0115]  # a 13 % imbalance ...
+    assert decide(plan, busy, threshold=0.03).changed
+    assert not decide(plan, busy, threshold=0.03, noise=[0.05, 0.05]).changed  # ... within noise
+
+
+def test_robust_busy_ignores_an_outlier_step():
+    med, rse = robust_busy([0.01] * 20 + [1.0])
+    assert med == pytest.approx(0.01) and rse == pytest.approx(0.0)
+    assert robust_busy([]) == (None, None)
+
+
+def test_corrected_curves_pass_through_the_measurements():
+    plan = plan_batches([[(16, 0.01), (64, 0.02)], [(16, 0.01), (64, 0.02)]], 80)
+    curves = corrected_curves(plan, [0.03, 0.012])
+    for c, b, m in zip(curves, plan.batch_sizes, [0.03, 0.012]):
+        assert c(b) == pytest.approx(m)
+
+
+@pytest.mark.parametrize("busy, message", [([0.01], "1 busy times for a plan of 2 ranks"),
+                                           ([0.01, float("nan")], "rank 1 .* nan"),
+                                           ([0.0, 0.01], "rank 0 .* 0.0")])
+def test_bad_measurements(busy, message):
+    with pytest.raises(ValueError, match=message):
+        decide(Plan.from_batch_sizes([8, 8]), busy)
