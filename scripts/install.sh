@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # Create (or complete) the hvd_balance environment from nothing, idempotently.
 #
-#   bash scripts/install.sh            # CPU build: TensorFlow 2.15.1 + Horovod 0.28.1 with Gloo
-#   HVD_BALANCE_GPU=1 bash scripts/install.sh
-#                                      # GPU build on a CUDA machine: tensorflow[and-cuda] 2.15.1
-#                                      # + Horovod with NCCL (HOROVOD_GPU_OPERATIONS=NCCL)
+#   bash scripts/install.sh                          # the default stack (below), CPU, Gloo
+#   HVD_BALANCE_STACK=keras3 bash scripts/install.sh # TensorFlow 2.21 with Keras 3
+#   HVD_BALANCE_GPU=1 bash scripts/install.sh        # GPU build on a CUDA machine:
+#                                                    # tensorflow[and-cuda] + Horovod with NCCL
+#
+# Stacks (HVD_BALANCE_STACK), each in its own virtual environment:
+#   keras2    tensorflow-cpu 2.15.1 (Keras 2.15)                            venv .venv
+#   keras3    tensorflow-cpu 2.21.0 (Keras 3)                               venv .venv-keras3
+#   tf-keras  tensorflow-cpu 2.21.0 + tf-keras 2.21 (Keras 2 API on TF 2.21) venv .venv-tf-keras
+#             Its programs must run with TF_USE_LEGACY_KERAS=1 in the environment (scripts/test.sh
+#             sets it for this stack); without it tf.keras is Keras 3. Nothing is set globally.
+# All three get Horovod 0.28.1 compiled from its source release with Gloo against that
+# TensorFlow, with scripts/patches/horovod-0.28.1-tf219-xla.patch applied (needed for
+# TF >= 2.19, a no-op on a CPU build against older TensorFlow).
 #
 # Environment:
-#   HVD_BALANCE_VENV   where the virtual environment lives (default: .venv in the repository)
+#   HVD_BALANCE_STACK  keras2 | keras3 | tf-keras (default: keras2)
+#   HVD_BALANCE_VENV   where the virtual environment lives (default: the stack's, above)
 #   HVD_BALANCE_GPU    1 for the GPU (NCCL) build; default 0 (CPU, Gloo)
 #   PYTHON             the interpreter that creates the venv (default: python3.11, else python3)
 #
@@ -16,16 +27,33 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${HVD_BALANCE_VENV:-$repo/.venv}
+log() { echo "[install] $*" >&2; }
+
+DEFAULT_STACK=keras2
+stack=${HVD_BALANCE_STACK:-$DEFAULT_STACK}
+case "$stack" in
+  keras2)   TF_VERSION=2.15.1; venv_default=$repo/.venv
+            extra_pkgs=(); NUMPY_VERSION=1.26.4
+            deps=("scikit-learn>=1.3,<1.6" "matplotlib>=3.7,<3.10") ;;
+  keras3)   TF_VERSION=2.21.0; venv_default=$repo/.venv-keras3
+            extra_pkgs=(); NUMPY_VERSION=2.1.3
+            deps=("scikit-learn>=1.5,<1.8" "matplotlib>=3.9,<3.11") ;;
+  tf-keras) TF_VERSION=2.21.0; venv_default=$repo/.venv-tf-keras
+            extra_pkgs=("tf-keras==2.21.0"); NUMPY_VERSION=2.1.3
+            deps=("scikit-learn>=1.5,<1.8" "matplotlib>=3.9,<3.11") ;;
+  *) log "HVD_BALANCE_STACK=$stack: unknown stack; use keras2, keras3 or tf-keras"; exit 2 ;;
+esac
+venv=${HVD_BALANCE_VENV:-$venv_default}
 gpu=${HVD_BALANCE_GPU:-0}
 py=${PYTHON:-$(command -v python3.11 || command -v python3)}
 
-TF_VERSION=2.15.1
 HVD_VERSION=0.28.1
-log() { echo "[install] $*" >&2; }
+# sha256 of PyPI's horovod-0.28.1.tar.gz, the source release the build starts from.
+HVD_SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
+HVD_PATCH=$repo/scripts/patches/horovod-0.28.1-tf219-xla.patch
 
 if [ ! -x "$venv/bin/python" ]; then
-  log "creating virtual environment $venv with $py"
+  log "creating virtual environment $venv ($stack stack) with $py"
   "$py" -m venv "$venv"
 fi
 vpy="$venv/bin/python"
@@ -43,20 +71,31 @@ PY
 if [ "$gpu" = 1 ]; then tf_pkg="tensorflow[and-cuda]==$TF_VERSION"; tf_dist=tensorflow
 else tf_pkg="tensorflow-cpu==$TF_VERSION"; tf_dist=tensorflow-cpu; fi
 
-if ! have "$tf_dist==$TF_VERSION" numpy==1.26.4; then
-  log "installing $tf_pkg and the Python dependencies"
-  vpip install -q "$tf_pkg" "numpy==1.26.4" "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" \
-    "scikit-learn>=1.3,<1.6" "matplotlib>=3.7,<3.10" "psutil>=5" "cmake<4" wheel setuptools
+if ! have "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION" ${extra_pkgs[@]+"${extra_pkgs[@]}"}; then
+  log "installing $tf_pkg${extra_pkgs[*]:+ ${extra_pkgs[*]}} and the Python dependencies ($stack stack)"
+  vpip install -q "$tf_pkg" ${extra_pkgs[@]+"${extra_pkgs[@]}"} "numpy==$NUMPY_VERSION" \
+    "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "${deps[@]}" "psutil>=5" "cmake<4" wheel setuptools
 fi
 
+# Legacy Keras (tf-keras) is only what tf.keras means with TF_USE_LEGACY_KERAS=1.
+keras_env=()
+[ "$stack" = tf-keras ] && keras_env=(TF_USE_LEGACY_KERAS=1)
+
 # One Python process, no pipes: `horovodrun --check-build | grep -q` can fail under pipefail
-# when grep exits before horovodrun has written all it prints.
+# when grep exits before horovodrun has written all it prints. Horovod must have been built
+# against the TensorFlow now installed (its metadata.json records that version).
+# On Keras 3 horovod.tensorflow.keras does not import: only horovod.tensorflow is checked there.
 hvd_ok() {
-  have "horovod==$HVD_VERSION" && TF_CPP_MIN_LOG_LEVEL=2 "$vpy" - <<'PY' 2>/dev/null
-import sys
-import horovod.tensorflow as hvd        # fails when the TensorFlow ops were not built
-import horovod.tensorflow.keras         # noqa: F401
-sys.exit(0 if hvd.gloo_built() else 1)
+  have "horovod==$HVD_VERSION" && env ${keras_env[@]+"${keras_env[@]}"} TF_CPP_MIN_LOG_LEVEL=2 \
+    "$vpy" - "$stack" <<'PY' 2>/dev/null
+import json, os, sys
+import tensorflow as tf
+import horovod, horovod.tensorflow as hvd   # fails when the TensorFlow ops were not built
+if sys.argv[1] != "keras3":
+    import horovod.tensorflow.keras          # noqa: F401
+with open(os.path.join(os.path.dirname(horovod.__file__), "metadata.json")) as f:
+    built_for = json.load(f).get("tensorflow")
+sys.exit(0 if hvd.gloo_built() and built_for == tf.__version__ else 1)
 PY
 }
 
@@ -67,16 +106,19 @@ explain_failed_build() {
   grep -E "error:|Error|CMake (Error|Warning)" "$build_log" | tail -n 15 >&2 || true
   tail -n 15 "$build_log" >&2
   log "horovod $HVD_VERSION is installed but lacks its TensorFlow ops or Gloo:"
-  TF_CPP_MIN_LOG_LEVEL=2 "$vpy" -c \
-    'import horovod.tensorflow.keras, horovod.tensorflow as h; print("gloo_built:", h.gloo_built())' >&2 || true
+  env ${keras_env[@]+"${keras_env[@]}"} TF_CPP_MIN_LOG_LEVEL=2 "$vpy" -c '
+import horovod.tensorflow as h; print("gloo_built:", h.gloo_built())
+import tensorflow as tf, horovod.common.util as u
+u.check_installed_version("tensorflow", tf.__version__)' >&2 || true
   TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/horovodrun" --check-build >&2 || true
 }
 
 if ! hvd_ok; then
-  log "building horovod $HVD_VERSION (a few minutes)"
+  log "building horovod $HVD_VERSION from source against TensorFlow $TF_VERSION (a few minutes)"
   # gloo's CMakeLists predates cmake 4: use the system cmake 3.x, never a pip-installed 4.x.
   vpip uninstall -q -y cmake >/dev/null 2>&1 || true
   command -v cmake >/dev/null || { log "cmake is missing: apt-get install cmake"; exit 1; }
+  command -v patch >/dev/null || { log "patch is missing: apt-get install patch"; exit 1; }
   export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1
   export HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=${MAKEFLAGS:--j2}
   build_path=$PATH
@@ -91,21 +133,47 @@ if ! hvd_ok; then
   # pip keeps an installed horovod==$HVD_VERSION even when it was built without TensorFlow.
   vpip uninstall -q -y horovod >/dev/null 2>&1 || true
   build_log="$venv/horovod-build.log"
-  # The pip wheel cache ignores the TensorFlow version; --no-cache-dir keeps the build honest.
+  src=$(mktemp -d "${TMPDIR:-/tmp}/hvd_balance-horovod.XXXXXX")
+  trap 'rm -rf "$src"' EXIT
+  # The source release, checked against the recorded hash, unpacked and patched.
+  if ! vpip download -q --no-deps --no-binary :all: -d "$src" "horovod==$HVD_VERSION" \
+      > "$build_log" 2>&1; then
+    log "could not download the horovod $HVD_VERSION source release:"
+    tail -n 20 "$build_log" >&2
+    exit 1
+  fi
+  sdist="$src/horovod-$HVD_VERSION.tar.gz"
+  if ! echo "$HVD_SDIST_SHA256  $sdist" | sha256sum -c --status 2>/dev/null; then
+    log "$sdist: sha256 $(sha256sum "$sdist" 2>/dev/null | cut -d' ' -f1), expected $HVD_SDIST_SHA256"
+    exit 1
+  fi
+  tar -xzf "$sdist" -C "$src"
+  if ! patch -d "$src/horovod-$HVD_VERSION" -p1 --forward --batch < "$HVD_PATCH" >> "$build_log" 2>&1; then
+    log "$HVD_PATCH does not apply to horovod $HVD_VERSION:"
+    tail -n 10 "$build_log" >&2
+    exit 1
+  fi
+  # --no-cache-dir: the pip wheel cache ignores the TensorFlow version; keep the build honest.
   # -v: the compiler's and CMake's output go to the log, shown when something fails.
-  if ! PATH="$build_path" vpip install -v --no-cache-dir --no-binary horovod --no-build-isolation \
-      "horovod==$HVD_VERSION" > "$build_log" 2>&1; then
+  if ! PATH="$build_path" vpip install -v --no-cache-dir --no-build-isolation \
+      "$src/horovod-$HVD_VERSION" >> "$build_log" 2>&1; then
     log "pip could not build horovod $HVD_VERSION; the end of $build_log:"
     tail -n 60 "$build_log" >&2
     exit 1
   fi
+  rm -rf "$src"; trap - EXIT
   hvd_ok || { explain_failed_build; exit 1; }
-  log "horovod $HVD_VERSION built with TensorFlow and Gloo"
+  log "horovod $HVD_VERSION built with TensorFlow $TF_VERSION and Gloo"
 fi
 
-if ! "$vpy" -c 'import hvd_balance' 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
+# find_spec, not import: on Keras 3 `import hvd_balance` may fail for reasons of its own.
+if ! "$vpy" -c '
+import importlib.util, os, sys
+s = importlib.util.find_spec("hvd_balance")
+sys.exit(0 if s and s.origin and os.path.realpath(s.origin).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
+' "$repo" 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
   log "installing hvd_balance (editable)"
   vpip install -q --no-deps --no-build-isolation -e "$repo"
 fi
-log "ready: $venv"
+log "ready: $venv ($stack stack: TensorFlow $TF_VERSION${extra_pkgs[*]:+, ${extra_pkgs[*]}})"
 echo "$venv"
