@@ -1,24 +1,190 @@
-"""Every access to a private Horovod or Keras attribute, in one place.
+"""The one place where Keras 2 and Keras 3 differ, and every private Horovod or Keras attribute.
 
-A new Horovod or Keras release that renames one of these breaks this module alone. Each
-function says which attribute it touches and why no public API does the same.
+hvd_balance runs on three stacks: TensorFlow 2.15 with Keras 2, TensorFlow 2.21 with tf-keras
+(Keras 2, ``TF_USE_LEGACY_KERAS=1``) and TensorFlow 2.21 with Keras 3. Everything else in the
+package calls the functions here instead of asking which Keras it runs on, so a new Keras or
+Horovod release is this module's work. ``keras`` below is the Keras that ``tf.keras`` is.
+
+On Keras 2, Horovod's ``DistributedOptimizer`` reduces the gradients and hvd_balance weights
+them just before its allreduce (a private hook, :func:`_hook_horovod_allreduce`). On Keras 3,
+Horovod's optimizer hooks are never called (horovod issue #4290), so the optimizer is a
+subclass of the user's optimizer class whose public ``apply`` reduces the gradients with
+Horovod's TensorFlow ops before the update (:func:`_keras3_distributed_optimizer`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence
+import os
+import sys
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+keras = tf.keras
+# tf.keras is a module of the package that provides it: keras (2.x or 3.x) or tf_keras.
+KERAS_VERSION: str = str(sys.modules[keras.__name__.split(".")[0]].__version__)
+KERAS3: bool = int(KERAS_VERSION.split(".")[0]) >= 3
 
 
-def hook_horovod_allreduce(distributed, make_reduce: Callable[[Callable], Callable]) -> None:
-    """Route every gradient allreduce of Horovod's Keras ``DistributedOptimizer`` through
-    ``make_reduce(original)``, a function ``(grads, variables) -> reduced grads``.
+def check_backend() -> None:
+    """Refuse a Keras 3 whose backend is not TensorFlow (Horovod's ops are TensorFlow ops).
 
-    Horovod calls ``self._allreduce_grads(grads, vars)`` for each allreduce it makes, and its
-    gradient-aggregation helper (``backward_passes_per_step > 1``) keeps its own reference
-    (``_agg_helper.allreduce_grads``); Horovod has no public hook before the reduction, and
-    the weights must be applied there because its pre/postscale factors must be equal on
-    every rank.
+    Raises:
+        ImportError: naming the backend and how to select TensorFlow's.
     """
+    if KERAS3:
+        backend = keras.backend.backend()
+        if backend != "tensorflow":
+            raise ImportError(
+                f"hvd_balance needs Keras's TensorFlow backend; this Keras {KERAS_VERSION} runs on "
+                f"{backend!r} (KERAS_BACKEND={os.environ.get('KERAS_BACKEND', '')!r}). Set "
+                "KERAS_BACKEND=tensorflow before Python starts (or in ~/.keras/keras.json), "
+                "then run again: Horovod's collectives are TensorFlow ops")
+
+
+# -- optimizers ---------------------------------------------------------------------------
+
+def optimizer_base_classes() -> tuple:
+    """The Keras optimizer base classes of this Keras (new, and legacy on Keras 2)."""
+    kinds = [keras.optimizers.Optimizer]
+    if not KERAS3:
+        legacy = getattr(keras.optimizers, "legacy", None)
+        if legacy is not None:
+            kinds.append(legacy.Optimizer)
+    return tuple(kinds)
+
+
+def is_keras_optimizer(optimizer) -> bool:
+    return isinstance(optimizer, optimizer_base_classes())
+
+
+def optimizer_classes() -> dict:
+    """Keras's own optimizer classes by name: ``{name: {is_legacy: class}}`` (loss-scale
+    wrappers left out: Keras rebuilds them around an inner optimizer)."""
+    out: dict = {}
+    for base in optimizer_base_classes():
+        is_legacy = not KERAS3 and base is not keras.optimizers.Optimizer
+        for cls in _all_subclasses(base):
+            if "LossScaleOptimizer" not in cls.__name__ and cls.__module__.startswith(("keras", "tf_keras")):
+                out.setdefault(cls.__name__, {})[is_legacy] = cls
+    return out
+
+
+def _all_subclasses(cls) -> List[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_all_subclasses(sub))
+    return found
+
+
+def inner_optimizer(optimizer):
+    """The optimizer a loss-scale wrapper holds (``inner_optimizer`` on both Kerases), else None."""
+    return getattr(optimizer, "inner_optimizer", None)
+
+
+def optimizer_variables(optimizer) -> list:
+    """The optimizer's variables: a method on Keras 2's legacy optimizers, a list elsewhere."""
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def build_optimizer(optimizer, variables: Sequence) -> None:
+    """Create an optimizer's slot variables for ``variables`` now (a no-op when built).
+
+    Keras 2's legacy optimizers make their slots on first use (``_create_all_weights``, no
+    public equivalent); the new ones have ``build`` and a private ``_built`` flag (Keras 3:
+    the public ``built``).
+    """
+    variables = list(variables)
+    if hasattr(optimizer, "_create_all_weights"):  # Keras 2 legacy optimizers
+        optimizer._create_all_weights(variables)
+    elif not (getattr(optimizer, "built", False) or getattr(optimizer, "_built", False)):
+        optimizer.build(variables)
+
+
+def learning_rate(optimizer) -> float:
+    """The optimizer's current learning rate as a number (a schedule's value at this step)."""
+    return float(np.asarray(optimizer.learning_rate))
+
+
+def set_learning_rate(optimizer, value: float) -> None:
+    """Set the learning rate; refuses a schedule, which owns it (as Horovod's callbacks do)."""
+    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+        raise ValueError(
+            f"the optimizer's learning rate is a schedule ({type(optimizer._learning_rate).__name__}); "
+            "a learning-rate callback cannot set it: give the optimizer a number as learning_rate")
+    optimizer.learning_rate = value  # every Keras assigns to its variable here
+
+
+def momentum(optimizer) -> Optional[float]:
+    """The optimizer's momentum as a number, or None when it has none (Adam, ...)."""
+    value = getattr(optimizer, "momentum", None)
+    return None if value is None or isinstance(value, bool) else float(np.asarray(value))
+
+
+def momentum_is_variable(optimizer) -> bool:
+    """Whether a change of the momentum reaches the next step: only Keras 2's legacy
+    optimizers keep it in a variable; the others read a number when the step is traced."""
+    return hasattr(getattr(optimizer, "momentum", None), "assign") or (
+        not KERAS3 and hasattr(optimizer, "_get_hyper") and "momentum" in getattr(optimizer, "_hyper", {}))
+
+
+def set_momentum(optimizer, value: float) -> None:
+    """Set the momentum (see :func:`momentum_is_variable`)."""
+    current = optimizer.momentum
+    if hasattr(current, "assign"):
+        current.assign(value)
+    else:
+        optimizer.momentum = value  # a legacy optimizer's setter assigns its hyper variable
+
+
+def tf_variables(variables) -> list:
+    """The ``tf.Variable`` behind each variable: Horovod's ``broadcast_variables`` assigns to
+    them, and Keras 3's variables wrap one (``.value``)."""
+    return [v.value if KERAS3 and not isinstance(v, tf.Variable) else v for v in variables]
+
+
+def distributed_optimizer(optimizer, make_reduce: Callable[[Callable], Callable], *, name=None,
+                          compression=None, sparse_as_dense: bool = False, process_set=None,
+                          **horovod_kwargs):
+    """``optimizer`` rebuilt so that every gradient allreduce is ``make_reduce(sum)(grads, vars)``.
+
+    ``sum(grads, vars)`` sums a list of gradients over the ranks (Horovod's ``Sum``); the
+    function ``make_reduce`` returns may transform the gradients around it (hvd_balance weights
+    them by ``b_i / B`` and times the step).
+
+    Args:
+        optimizer: a Keras optimizer of this Keras.
+        name, compression, sparse_as_dense, process_set: as for Horovod's Keras
+            ``DistributedOptimizer``.
+        **horovod_kwargs: the rest of Horovod's keywords; on Keras 3 only those that mean
+            something there are accepted (see :func:`_keras3_distributed_optimizer`).
+    """
+    import horovod.tensorflow as hvd
+
+    compression = compression if compression is not None else hvd.Compression.none
+    process_set = process_set if process_set is not None else hvd.global_process_set
+    if KERAS3:
+        return _keras3_distributed_optimizer(optimizer, make_reduce, name=name, compression=compression,
+                                             sparse_as_dense=sparse_as_dense, process_set=process_set,
+                                             **horovod_kwargs)
+    import horovod.tensorflow.keras as hvd_keras
+
+    distributed = hvd_keras.DistributedOptimizer(
+        optimizer, name=name, op=hvd.Sum, compression=compression, sparse_as_dense=sparse_as_dense,
+        process_set=process_set, **horovod_kwargs)
+    _hook_horovod_allreduce(distributed, make_reduce)
+    return distributed
+
+
+def _hook_horovod_allreduce(distributed, make_reduce: Callable[[Callable], Callable]) -> None:
+    # Keras 2: Horovod calls ``self._allreduce_grads(grads, vars)`` for each allreduce it makes,
+    # and its gradient-aggregation helper (``backward_passes_per_step > 1``) keeps its own
+    # reference (``_agg_helper.allreduce_grads``). Horovod has no public hook before the
+    # reduction, and the weights must be applied there because its pre/postscale factors must
+    # be equal on every rank.
     reduce = make_reduce(distributed._allreduce_grads)
     distributed._allreduce_grads = reduce
     helper = getattr(distributed, "_agg_helper", None)
@@ -26,18 +192,63 @@ def hook_horovod_allreduce(distributed, make_reduce: Callable[[Callable], Callab
         helper.allreduce_grads = reduce
 
 
-def build_optimizer(optimizer, variables: Sequence) -> None:
-    """Create an optimizer's slot variables for ``variables`` now (a no-op when built).
+def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, sparse_as_dense,
+                                  process_set, backward_passes_per_step: int = 1,
+                                  average_aggregated_gradients: bool = False, groups=None,
+                                  device_dense: str = "", device_sparse: str = "",
+                                  scale_local_gradients: bool = True):
+    """Keras 3: a subclass of the optimizer's own class whose ``apply`` reduces first.
 
-    Keras 2's legacy optimizers make their slots on first use (``_create_all_weights``, no
-    public equivalent); the new ones have ``build`` and a private ``_built`` flag.
+    Keras 3's ``train_step`` calls ``optimizer.apply(grads, variables)`` (through
+    ``apply_gradients``); the subclass sums the gradients over the ranks with one
+    ``grouped_allreduce`` there and hands them on to the class's own ``apply`` (clipping,
+    weight decay, loss scaling, the update). Like Horovod's wrapper, it keeps the class name
+    and is re-created from ``get_config()``, so it saves and loads as the user's optimizer.
+    Gradient accumulation is Keras 3's own (``gradient_accumulation_steps``): every step is
+    reduced, which keeps each accumulated step exact whatever the plan does between them.
     """
-    variables = list(variables)
-    if hasattr(optimizer, "_create_all_weights"):  # legacy optimizers
-        optimizer._create_all_weights(variables)
-    elif hasattr(optimizer, "build") and not getattr(optimizer, "_built", False):
-        optimizer.build(variables)
+    import horovod.tensorflow as hvd
 
+    if backward_passes_per_step != 1:
+        raise ValueError(
+            f"backward_passes_per_step={backward_passes_per_step} is not supported on Keras 3; "
+            "use the Keras 3 optimizer's own gradient_accumulation_steps (each step's gradient "
+            "is then reduced and accumulated exactly)")
+    if groups is not None:
+        raise ValueError(f"groups={groups!r} is not supported on Keras 3: all gradients are "
+                         "reduced in one grouped allreduce")
+    del average_aggregated_gradients, scale_local_gradients  # meaningless without Horovod's aggregation
+    prefix = (name or f"DistributedOptimizer_{type(optimizer).__name__}") + "_Allreduce"
+
+    def reduce_sum(grads, variables):
+        del variables
+        if sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        with tf.device(device_dense or device_sparse or ""):
+            return hvd.grouped_allreduce(grads, op=hvd.Sum, compression=compression,
+                                         process_set=process_set, name=prefix)
+
+    reduce = make_reduce(reduce_sum)
+    base = type(optimizer)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        variables = (list(trainable_variables) if trainable_variables is not None
+                     else list(self._trainable_variables))
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if present:
+            reduced = reduce([grads[i] for i in present], [variables[i] for i in present])
+            for i, g in zip(present, reduced):
+                grads[i] = g
+        return base.apply(self, grads, trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__,
+                                        "__qualname__": base.__qualname__,
+                                        "__doc__": base.__doc__})
+    return cls.from_config(optimizer.get_config())
+
+
+# -- models -------------------------------------------------------------------------------
 
 def steps_per_execution(model) -> int:
     """The compiled model's ``steps_per_execution`` (1 when not compiled with it).
@@ -45,12 +256,22 @@ def steps_per_execution(model) -> int:
     Keras 2 keeps it in the private variable ``_steps_per_execution``; Keras 3 has the
     public attribute ``steps_per_execution``.
     """
-    value = getattr(model, "_steps_per_execution", None)
-    if value is None:
-        value = getattr(model, "steps_per_execution", None)
+    value = getattr(model, "steps_per_execution", None) if KERAS3 else getattr(model, "_steps_per_execution", None)
     if value is None:
         return 1
     return int(value.numpy()) if hasattr(value, "numpy") else int(value)
 
 
-__all__: List[str] = ["hook_horovod_allreduce", "build_optimizer", "steps_per_execution"]
+def jit_compiled(model) -> bool:
+    """Whether the model's train step is compiled with XLA (Keras 3's ``"auto"`` resolved)."""
+    value = getattr(model, "jit_compile", False)
+    return value is True
+
+
+def check_not_jit_compiled(model, who: str) -> None:
+    """Horovod's collectives have no XLA kernels on this build: refuse a train step that XLA
+    compiles, before it fails inside the graph with a message that names no cause."""
+    if jit_compiled(model):
+        raise ValueError(
+            f"{who}: the model is compiled with jit_compile=True, but Horovod's allreduce cannot "
+            "run inside an XLA-compiled step: compile with jit_compile=False")

@@ -23,9 +23,14 @@ committed samples are exactly those of the committed steps: after a reset nothin
 is trained twice and nothing is skipped; the steps run after the last commit are undone with
 the model and run again in the new world.
 
+The module is also ``hvd.elastic`` of ``import hvd_balance.keras as hvd``: Horovod's
+``run``, ``CommitStateCallback``, ``UpdateBatchStateCallback`` and ``UpdateEpochStateCallback``,
+and a :class:`KerasState` that works on Keras 2 and Keras 3 (Horovod's reads
+``optimizer.variables()``, a list on Keras 3, and broadcasts Keras 3 variables it cannot assign).
+
 Example:
     ```python
-    import horovod.tensorflow.keras as hvd
+    import hvd_balance.keras as hvd
     import hvd_balance
     from hvd_balance import elastic
 
@@ -52,7 +57,11 @@ import sys
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
-import horovod.tensorflow.keras as hvd
+import horovod.tensorflow as hvd_tf
+from horovod.common.elastic import ObjectState
+from horovod.tensorflow.elastic import run  # noqa: F401 - hvd.elastic.run
+from horovod.tensorflow.keras.elastic import (  # noqa: F401 - Horovod's, framework-agnostic
+    CommitStateCallback, UpdateBatchStateCallback, UpdateEpochStateCallback)
 
 from . import collective, compat, plan_sync
 from .data import BalancedData
@@ -68,8 +77,50 @@ def _build_optimizer(model: tf.keras.Model) -> None:
     compat.build_optimizer(opt, model.trainable_variables)
 
 
-class ElasticState(hvd.elastic.KerasState):
-    """Horovod's ``KerasState`` plus the committed position, for :func:`fit`.
+class KerasState(ObjectState):
+    """A Keras model and its optimizer as elastic state (Horovod's ``KerasState``, any Keras).
+
+    ``commit()`` keeps a copy of every model and optimizer variable, ``restore()`` puts it
+    back, and ``sync()`` gives every rank rank 0's variables and attributes.
+
+    Args:
+        model: the built Keras model.
+        optimizer: its optimizer (default ``model.optimizer``).
+        **kwargs: more values to commit and sync, as attributes of the state.
+    """
+
+    def __init__(self, model, optimizer=None, **kwargs):
+        if not model.built:
+            raise ValueError("the model must be built first: run model.build(input_shape)")
+        self.model = model
+        self.optimizer = optimizer or model.optimizer
+        self._save_model()
+        super().__init__(bcast_object=hvd_tf.broadcast_object, get_rank=hvd_tf.rank, **kwargs)
+
+    def _variables(self) -> list:
+        return list(self.model.variables) + compat.optimizer_variables(self.optimizer)
+
+    def save(self):
+        self._save_model()
+        super().save()
+
+    def restore(self):
+        for variable, saved in zip(self._variables(), self._saved):
+            variable.assign(saved)
+        super().restore()
+
+    def sync(self):
+        if hvd_tf.size() > 1:
+            hvd_tf.broadcast_variables(compat.tf_variables(self._variables()), root_rank=0)
+        self._save_model()
+        super().sync()
+
+    def _save_model(self):
+        self._saved = [tf.identity(v) for v in compat.tf_variables(self._variables())]
+
+
+class ElasticState(KerasState):
+    """:class:`KerasState` plus the committed position, for :func:`fit`.
 
     Besides the model and optimizer weights, it commits ``epoch`` (the epoch in progress)
     and ``step`` (the steps of it done, a multiple of ``data.segment_steps``), and any
@@ -237,3 +288,7 @@ def fit(state: ElasticState, epochs: int, *, plan: Union[str, Plan] = "benchmark
                             validation_data=validation, verbose=verbose,
                             callbacks=[*callbacks, _SegmentCommit(state)], **fit_kwargs)
     return history
+
+
+__all__ = ["ElasticState", "KerasState", "fit", "plan_world", "run", "CommitStateCallback",
+           "UpdateBatchStateCallback", "UpdateEpochStateCallback"]

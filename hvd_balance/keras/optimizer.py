@@ -54,14 +54,6 @@ class GradientWeight:
         return grad * tf.cast(self.variable, grad.dtype)
 
 
-def _is_keras_optimizer(optimizer) -> bool:
-    kinds = [tf.keras.optimizers.Optimizer]
-    legacy = getattr(tf.keras.optimizers, "legacy", None)
-    if legacy is not None:
-        kinds.append(legacy.Optimizer)
-    return isinstance(optimizer, tuple(kinds))
-
-
 def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool = True,
                          **horovod_kwargs):
     """Wrap a Keras optimizer so each rank's gradient counts in proportion to its batch.
@@ -96,9 +88,9 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         ```
     """
-    import horovod.tensorflow.keras as hvd
+    import horovod.tensorflow as hvd
 
-    if not _is_keras_optimizer(optimizer):
+    if not compat.is_keras_optimizer(optimizer):
         raise TypeError(
             f"hvd_balance.DistributedOptimizer needs a tf.keras optimizer; got {optimizer!r} "
             f"of type {type(optimizer).__name__}")
@@ -113,12 +105,12 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
             f"gradient_predivide_factor={predivide!r} is not supported: the gradients are "
             "weighted by b_i/B before a Sum allreduce; drop the argument")
 
-    distributed = hvd.DistributedOptimizer(optimizer, name=name, op=hvd.Sum, **horovod_kwargs)
     process_set = horovod_kwargs.get("process_set")
     members = process_set.size() if process_set is not None else collective.size()
     weight = GradientWeight(1.0 / members)  # Horovod's average until a plan is applied
     timer = StepTelemetry() if telemetry else None
-    def weighted(reduce_sum):  # scale just before each of Horovod's Sum allreduces
+
+    def weighted(reduce_sum):  # scale just before each Sum allreduce
         def weighted_allreduce(grads, variables):
             if timer is None:
                 return reduce_sum([weight.scale(g) for g in grads], variables)
@@ -128,7 +120,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
             return timer.mark_end(reduce_sum([weight.scale(g) for g in grads], variables))
         return weighted_allreduce
 
-    compat.hook_horovod_allreduce(distributed, weighted)
+    distributed = compat.distributed_optimizer(optimizer, weighted, name=name, **horovod_kwargs)
     distributed.gradient_weight = weight
     # Steps whose gradients are summed locally before one allreduce (1: every step).
     distributed.backward_passes_per_step = int(horovod_kwargs.get("backward_passes_per_step", 1))
@@ -207,15 +199,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, legacy_opt
             return DistributedOptimizer(cls.from_config(config), **horovod_kwargs)
         return type(name, (), {"from_config": classmethod(from_config)})
 
-    def plain(classes):  # loss-scale wrappers are rebuilt by Keras around a wrapped inner one
-        return [c for c in classes if "LossScaleOptimizer" not in c.__name__]
-
-    legacy = getattr(tf.keras.optimizers, "legacy", None)
-    kinds_by_name: dict = {}  # class name -> {is_legacy: class}
-    for cls in plain(tf.keras.optimizers.Optimizer.__subclasses__()):
-        kinds_by_name.setdefault(cls.__name__, {})[False] = cls
-    for cls in plain(legacy.Optimizer.__subclasses__() if legacy is not None else []):
-        kinds_by_name.setdefault(cls.__name__, {})[True] = cls
+    kinds_by_name = compat.optimizer_classes()  # class name -> {is_legacy: class}
     for cls in custom_optimizers or []:  # the user's own class, whichever API it has
         kinds_by_name[cls.__name__] = {False: cls, True: cls}
     objects = {}
@@ -234,16 +218,16 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, legacy_opt
 
 def _wrap_loaded_optimizer(model: tf.keras.Model, horovod_kwargs) -> None:
     loaded = model.optimizer
-    if not _is_keras_optimizer(loaded):
+    if not compat.is_keras_optimizer(loaded):
         raise ValueError(
             f"the saved model's optimizer is {type(loaded).__name__}, whose inner optimizer "
             "is not an hvd_balance.DistributedOptimizer; load it with "
             "tf.keras.models.load_model and compile it with hvd_balance.DistributedOptimizer")
     wrapped = DistributedOptimizer(loaded, **horovod_kwargs)  # rebuilt from loaded's config
-    saved = list(loaded.variables())  # a method on legacy optimizers, a callable list on new
+    saved = compat.optimizer_variables(loaded)
     if saved:
         compat.build_optimizer(wrapped, model.trainable_variables)
-        fresh = list(wrapped.variables())
+        fresh = compat.optimizer_variables(wrapped)
         if len(fresh) != len(saved):
             raise ValueError(f"could not carry the saved {type(loaded).__name__} state over: "
                              f"{len(saved)} variables saved, {len(fresh)} rebuilt")

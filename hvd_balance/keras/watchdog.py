@@ -1,6 +1,6 @@
 """Watchdog: when one rank fails, every rank stops fast and says which rank it was.
 
-What Horovod with Gloo does by itself (measured, see ``tests/test_faults.py``): when a rank
+What Horovod with Gloo does by itself (measured, see ``tests/multirank/test_faults.py``): when a rank
 dies, its peers' next collective fails within milliseconds ("Horovod has been shut down");
 when a rank stops responding (stopped, hung, its host gone), their collective fails after
 the Gloo timeout (30 s; ``horovodrun --gloo-timeout-seconds``); and ``horovodrun`` then
