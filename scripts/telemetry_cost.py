@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
-import horovod.tensorflow.keras as hvd
+import hvd_balance.keras as hvd
 
 import hvd_balance
 

@@ -14,11 +14,12 @@ from typing import Callable, Optional, Union
 from . import collective, compat
 from .load_balancer import LoadBalancer
 from .metric_average import WeightedMetricAverage
+from .stop_agreement import StopAgreementMixin
 
 keras = compat.keras
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callback):
     """Give every rank root's weights and optimizer state before training takes its first step.
 
     The model's and the optimizer's variables are broadcast at train begin when the model is
@@ -47,12 +48,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._local_vars.add(id(var))
 
     def on_train_begin(self, logs=None):
+        self._stop_join()
         compat.check_not_jit_compiled(self.model, "BroadcastGlobalVariablesCallback")
         if self.model.built and self.model.variables:
             self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
         self._broadcast()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._stop_epoch_begin(epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._stop_epoch_end(epoch)
+
+    def on_train_end(self, logs=None):
+        self._stop_train_end()
 
     def _broadcast(self) -> None:
         if self.broadcast_done or collective.size() == 1:

@@ -179,6 +179,22 @@ def distributed_optimizer(optimizer, make_reduce: Callable[[Callable], Callable]
     return distributed
 
 
+def horovod_optimizer(optimizer):
+    """Plain Horovod on this Keras: every rank's gradient averaged alike (the benchmark's
+    ``uniform`` baseline). Keras 2: Horovod's own ``DistributedOptimizer``; Keras 3, where
+    Horovod's never reduces: the same subclass hvd_balance uses, with ``op=Average`` and no
+    weights or timestamps."""
+    import horovod.tensorflow as hvd
+
+    if KERAS3:
+        return _keras3_distributed_optimizer(optimizer, lambda reduce: reduce, name=None,
+                                             compression=hvd.Compression.none, sparse_as_dense=False,
+                                             process_set=hvd.global_process_set, op=hvd.Average)
+    import horovod.tensorflow.keras as hvd_keras
+
+    return hvd_keras.DistributedOptimizer(optimizer)
+
+
 def _hook_horovod_allreduce(distributed, make_reduce: Callable[[Callable], Callable]) -> None:
     # Keras 2: Horovod calls ``self._allreduce_grads(grads, vars)`` for each allreduce it makes,
     # and its gradient-aggregation helper (``backward_passes_per_step > 1``) keeps its own
@@ -193,7 +209,7 @@ def _hook_horovod_allreduce(distributed, make_reduce: Callable[[Callable], Calla
 
 
 def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, sparse_as_dense,
-                                  process_set, backward_passes_per_step: int = 1,
+                                  process_set, op=None, backward_passes_per_step: int = 1,
                                   average_aggregated_gradients: bool = False, groups=None,
                                   device_dense: str = "", device_sparse: str = "",
                                   scale_local_gradients: bool = True):
@@ -225,7 +241,7 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         with tf.device(device_dense or device_sparse or ""):
-            return hvd.grouped_allreduce(grads, op=hvd.Sum, compression=compression,
+            return hvd.grouped_allreduce(grads, op=hvd.Sum if op is None else op, compression=compression,
                                          process_set=process_set, name=prefix)
 
     reduce = make_reduce(reduce_sum)
@@ -250,6 +266,45 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
 
 # -- models -------------------------------------------------------------------------------
 
+def train_step_with_ready_mark(model, data, mark_ready: Callable[[list], list]):
+    """Keras's own ``train_step`` for ``data``, with ``mark_ready(grads)`` (which returns the
+    gradients, e.g. ordered after a timestamp) between the backward pass and the optimizer
+    (the allreduce and the update). Returns ``model.compute_metrics(...)`` as Keras does.
+
+    Keras 2 hands the optimizer the tape (``minimize(loss, vars, tape=...)``), so Horovod's
+    optimizer reduces inside it; Keras 3 computes the gradients, tracks the loss and calls
+    ``apply_gradients``.
+    """
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    variables = model.trainable_variables
+    if not KERAS3:
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss = model.compute_loss(x, y, y_pred, sample_weight)
+        model.optimizer.minimize(loss, variables, tape=_MarkingTape(tape, mark_ready))
+        return model.compute_metrics(x, y, y_pred, sample_weight)
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = model.compute_loss(x, y, y_pred, sample_weight, training=True)
+        first = next(t for t in tf.nest.flatten(x) if t is not None)
+        model._loss_tracker.update_state(loss, sample_weight=tf.shape(first)[0])  # Keras 3's own
+        loss = model.optimizer.scale_loss(loss)
+    grads = mark_ready(tape.gradient(loss, variables))
+    model.optimizer.apply_gradients(zip(grads, variables))
+    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+
+class _MarkingTape:
+    """A GradientTape stand-in for Keras 2's ``optimizer.minimize``: the real tape's gradients,
+    passed through ``mark_ready`` before any allreduce sees them."""
+
+    def __init__(self, tape, mark_ready):
+        self.tape, self.mark_ready = tape, mark_ready
+
+    def gradient(self, target, sources, output_gradients=None, **kwargs):
+        return self.mark_ready(self.tape.gradient(target, sources, output_gradients, **kwargs))
+
+
 def steps_per_execution(model) -> int:
     """The compiled model's ``steps_per_execution`` (1 when not compiled with it).
 
@@ -260,6 +315,11 @@ def steps_per_execution(model) -> int:
     if value is None:
         return 1
     return int(value.numpy()) if hasattr(value, "numpy") else int(value)
+
+
+def is_compiled(model) -> bool:
+    """Whether ``model.compile`` ran: Keras 3's public ``compiled``, Keras 2's ``_is_compiled``."""
+    return bool(getattr(model, "compiled", False) if KERAS3 else getattr(model, "_is_compiled", False))
 
 
 def jit_compiled(model) -> bool:

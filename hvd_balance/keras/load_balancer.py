@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 
 from . import collective, compat, plan_sync
+from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 PLAN_ENV = "HVD_BALANCE_PLAN"
 
 
-class LoadBalancer(tf.keras.callbacks.Callback):
+class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     """Give every rank a local batch sized to its speed, so all ranks finish each step together.
 
     On train begin, every rank times its training step at a few local batch sizes (or takes
@@ -150,6 +151,8 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     # -- train begin: the first plan ------------------------------------------------------
     def on_train_begin(self, logs=None):
+        self._stop_join()
+        compat.check_not_jit_compiled(self.model, "LoadBalancer")
         data = self.data
         self.history, self._last, self._pending, self._previous = [], [], {}, None
         self._pooled, self.plan = [], None
@@ -269,6 +272,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
 
     # -- hooks ----------------------------------------------------------------------------------
     def on_epoch_begin(self, epoch, logs=None):
+        self._stop_epoch_begin(epoch)
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -301,3 +305,7 @@ class LoadBalancer(tf.keras.callbacks.Callback):
                 if w["wait_s"] is not None:
                     logs[f"rank{i}_wait_ms"] = 1e3 * w["wait_s"]
                 logs[f"rank{i}_local_batch"] = w["local_batch"]
+        self._stop_epoch_end(epoch)
+
+    def on_train_end(self, logs=None):
+        self._stop_train_end()

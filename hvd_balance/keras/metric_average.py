@@ -10,6 +10,7 @@ import tensorflow as tf
 from . import collective
 from .data import BalancedData
 from .optimizer import gradient_weight_of
+from .stop_agreement import StopAgreementMixin
 
 
 def weighted_average(logs: Dict[str, float], train_samples: float, val_samples: float,
@@ -36,7 +37,7 @@ def weighted_average(logs: Dict[str, float], train_samples: float, val_samples: 
     return out
 
 
-class WeightedMetricAverage(tf.keras.callbacks.Callback):
+class WeightedMetricAverage(StopAgreementMixin, tf.keras.callbacks.Callback):
     """Average epoch metrics across ranks, weighting each rank by the samples it saw.
 
     Horovod's ``MetricAverageCallback`` gives every rank the same weight; with unequal
@@ -68,7 +69,14 @@ class WeightedMetricAverage(tf.keras.callbacks.Callback):
         self.data = data
         self.validation_data = validation_data
 
+    def on_train_begin(self, logs=None):
+        self._stop_join()
+
+    def on_train_end(self, logs=None):
+        self._stop_train_end()
+
     def on_epoch_begin(self, epoch, logs=None):
+        self._stop_epoch_begin(epoch)
         # Counted now: at epoch end the load balancer may already have applied the next
         # epoch's plan. The training count follows any plan change inside the epoch.
         self._epoch = self.data.epoch if self.data is not None else None
@@ -78,8 +86,11 @@ class WeightedMetricAverage(tf.keras.callbacks.Callback):
                      if self.validation_data is not None else None)
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
-            return
+        if logs is not None:
+            self._average(logs)
+        self._stop_epoch_end(epoch)
+
+    def _average(self, logs) -> None:
         if self.data is not None:
             train = float(sum(len(step) for step in self.data.indices(self._epoch)))
         else:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
-from . import collective
+from . import collective, compat
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class StepTimer:
     """
 
     def __init__(self, model: tf.keras.Model, sample):
-        if getattr(model, "compiled_loss", None) is None and getattr(model, "loss", None) is None:
+        if not compat.is_compiled(model):
             raise ValueError("the model must be compiled before the load balancer benchmarks it")
         self.model = model
         # Unpacked as Keras's own train_step unpacks what fit feeds it.

@@ -36,7 +36,7 @@ STRATEGIES = ("uniform", "static", "adaptive")
 def worker(args) -> None:
     """One training job (runs under horovodrun); rank 0 writes its epoch times to args.out."""
     import tensorflow as tf
-    import horovod.tensorflow.keras as hvd
+    import hvd_balance.keras as hvd
     import hvd_balance
 
     hvd.init()

@@ -164,7 +164,8 @@ def test_probe_on_a_real_model_leaves_weights_and_optimizer_untouched():
     assert 64 in ran  # batch normalisation statistics were updated by batches that then failed...
     after = snapshot(model)
     assert len(after) == len(before) and all(np.array_equal(a, b) for a, b in zip(before, after))  # ...and restored
-    assert [v.name for v in model.optimizer.variables] == ["iteration:0"]
+    # No slots were made: only the step counter (and, on Keras 3, the learning rate) exist.
+    assert {v.name.split(":")[0] for v in model.optimizer.variables} <= {"iteration", "learning_rate"}
     assert int(model.optimizer.iterations) == 0
     model.fit(x, y, batch_size=5, epochs=1, verbose=0)  # still trains normally afterwards
     assert int(model.optimizer.iterations) == 1

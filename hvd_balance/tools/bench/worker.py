@@ -46,6 +46,8 @@ def _worker_classes():
     """The Keras classes the worker needs (defined on first use, after TF is imported)."""
     import tensorflow as tf
 
+    from hvd_balance.keras import compat
+
     def sleep_ms(ms):
         time.sleep(float(ms) / 1e3)
         return ms
@@ -98,38 +100,27 @@ def _worker_classes():
             n = min(int(self.count.numpy()), self.capacity)
             return self.busy_s.numpy()[:n].tolist(), self.wait_s.numpy()[:n].tolist()
 
-    class ReadyTape:
-        """A GradientTape stand-in for ``optimizer.minimize``: takes the gradients from the
-        real tape and stamps the moment they are all ready, before any allreduce sees them."""
-
-        def __init__(self, tape):
-            self.tape = tape
-            self.ready_s = None
-
-        def gradient(self, target, sources, output_gradients=None, **kwargs):
-            grads = self.tape.gradient(target, sources, output_gradients, **kwargs)
-            flat = [g for g in tf.nest.flatten(grads, expand_composites=True) if g is not None]
-            with tf.control_dependencies(flat):
-                self.ready_s = tf.timestamp()
-            with tf.control_dependencies([self.ready_s]):
-                return [None if g is None else tf.identity(g) for g in grads]
-
     class TimedSequential(tf.keras.Sequential):
-        """``Sequential`` whose ``train_step`` is Keras's own, with the step timed."""
+        """``Sequential`` whose ``train_step`` is Keras's own, with the step timed: *ready*
+        when the local gradients are, before any allreduce sees them; *end* after the update."""
 
         step_timing: StepTiming = None
 
         def train_step(self, data):
-            x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(x, y, y_pred, sample_weight)
-            ready = ReadyTape(tape)
-            self.optimizer.minimize(loss, self.trainable_variables, tape=ready)
-            with tf.control_dependencies([v.read_value() for v in self.trainable_variables]):
+            ready = {}
+
+            def mark_ready(grads):
+                flat = [g for g in tf.nest.flatten(grads, expand_composites=True) if g is not None]
+                with tf.control_dependencies(flat):
+                    ready["s"] = tf.timestamp()
+                with tf.control_dependencies([ready["s"]]):
+                    return [None if g is None else tf.identity(g) for g in grads]
+
+            metrics = compat.train_step_with_ready_mark(self, data, mark_ready)
+            with tf.control_dependencies([tf.convert_to_tensor(v) for v in self.trainable_variables]):
                 end_s = tf.timestamp()
-            with tf.control_dependencies([self.step_timing.record(ready.ready_s, end_s)]):
-                return self.compute_metrics(x, y, y_pred, sample_weight)
+            with tf.control_dependencies([self.step_timing.record(ready["s"], end_s)]):
+                return tf.nest.map_structure(tf.identity, metrics)
 
     class StepRecorder(tf.keras.callbacks.Callback):
         """Per epoch: begin and end times (time.time()) and the step timing's busy and wait lists."""
@@ -172,10 +163,10 @@ def run_worker(args) -> int:
     """One job on every rank; rank 0 writes ``{"ranks": [...], ...}`` to ``args.job_out``."""
     import numpy as np
     import tensorflow as tf
-    import horovod.tensorflow.keras as hvd
+    import hvd_balance.keras as hvd
 
     import hvd_balance
-    from hvd_balance.keras import collective
+    from hvd_balance.keras import collective, compat
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -192,7 +183,7 @@ def run_worker(args) -> int:
     model.step_timing = StepTiming(data.steps)
     sgd = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
     if args.strategy == "uniform":
-        optimizer = hvd.DistributedOptimizer(sgd)
+        optimizer = compat.horovod_optimizer(sgd)  # plain Horovod: equal weights, no telemetry
     else:
         optimizer = hvd_balance.DistributedOptimizer(sgd)
     model.compile(optimizer=optimizer,
