@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-from . import collective, compat
+import tensorflow as tf
+
+from . import collective, compat, plan_sync
 from .load_balancer import LoadBalancer
 from .metric_average import WeightedMetricAverage
 from .stop_agreement import StopAgreementMixin
@@ -76,6 +78,12 @@ class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callb
         if optimizer is not None:
             compat.build_optimizer(optimizer, self.model.trainable_variables)
             variables += compat.optimizer_variables(optimizer)
+        # Ranks that built different models would fail inside the broadcast with a shape
+        # error naming no rank: compare first, and name them (the LoadBalancer's words).
+        plan_sync.check_consistent(
+            "hvd_balance.broadcast.check",
+            parameters=int(sum(int(tf.size(v)) for v in self.model.trainable_variables)),
+            variables=[tuple(v.shape) for v in variables])
         hvd.broadcast_variables(compat.tf_variables(variables), root_rank=self.root_rank)
         self.broadcast_done = True
 

@@ -31,8 +31,9 @@ y = (x[:, 0] > 0).astype("int32")
 
 
 class StepCounter(tf.keras.callbacks.Callback):
-    def on_train_begin(self, logs=None):
-        self.steps = 0
+    def __init__(self):
+        super().__init__()
+        self.steps = 0  # also when a callback before it refuses the job at train begin
 
     def on_train_batch_begin(self, batch, logs=None):
         self.steps += 1

@@ -1,7 +1,8 @@
 """One SGD step with unequal local batches equals a single process on the global batch.
 
 Usage: horovodrun -np N python gradient_equivalence.py 5,17,42
-Emits per rank (``_result.emit``): {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}.
+Emits per rank (``_result.emit``): {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}
+(and ``max_rel_err_accumulated`` on Keras 3: two steps with gradient_accumulation_steps=2).
 """
 import sys
 
@@ -11,6 +12,7 @@ import hvd_balance.keras as hvd
 
 import hvd_balance
 from _result import emit
+from hvd_balance.keras.compat import KERAS3
 
 hvd.init()
 batches = [int(b) for b in sys.argv[1].split(",")]
@@ -38,21 +40,28 @@ cases = {
 y = rng.integers(0, 5, size=n)
 loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 result = {"rank": hvd.rank(), "batches": batches}
-for name, (make, x) in cases.items():
+# Keras 3 accumulates gradients itself (gradient_accumulation_steps): every step is reduced
+# and accumulated, so two accumulated steps equal one process doing the same on global batches.
+runs = [(name, make, x, {}, 1) for name, (make, x) in cases.items()]
+if KERAS3:
+    runs.append(("accumulated", dense_model, cases["dense"][1], {"gradient_accumulation_steps": 2}, 2))
+for name, make, x, extra, steps in runs:
     tf.keras.utils.set_random_seed(7)
     model = make()
     start = [w.copy() for w in model.get_weights()]
     data = hvd_balance.BalancedData(x, y, global_batch_size=B, seed=3)
-    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.5))
+    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.5, **extra))
     model.compile(optimizer=opt, loss=loss)
-    model.fit(data, epochs=1, steps_per_epoch=1, verbose=0,
+    model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0,
               callbacks=[hvd_balance.LoadBalancer(data, plan=plan, verbose=0)])
-    # The single-process reference: the same start, one step on the union of the ranks' batches.
-    global_batch = np.concatenate([data.indices(0, rank=r)[0] for r in range(hvd.size())])
+    # The single-process reference: the same start, the same steps on the union of the
+    # ranks' batches.
     ref = make()
     ref.set_weights(start)
-    ref.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss=loss)
-    ref.train_on_batch(x[global_batch], y[global_batch])
+    ref.compile(optimizer=tf.keras.optimizers.SGD(0.5, **extra), loss=loss)
+    for step in range(steps):
+        global_batch = np.concatenate([data.indices(0, rank=r)[step] for r in range(hvd.size())])
+        ref.train_on_batch(x[global_batch], y[global_batch])
     err = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
               for a, b in zip(model.get_weights(), ref.get_weights()))
     moved = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), start))
