@@ -23,9 +23,7 @@ Example::
                                   hvd.callbacks.MetricAverageCallback()])
 """
 
-from . import compat
-
-compat.check_backend()  # before anything builds a Keras object on the wrong backend
+from . import compat  # noqa: F401 - first: it refuses a Keras backend other than TensorFlow's
 
 import tensorflow as tf  # noqa: E402
 from horovod.tensorflow import (  # noqa: E402,F401 - re-exported: Horovod's names

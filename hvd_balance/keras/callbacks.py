@@ -52,6 +52,7 @@ class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callb
     def on_train_begin(self, logs=None):
         self._stop_join()
         compat.check_not_jit_compiled(self.model, "BroadcastGlobalVariablesCallback")
+        compat.check_loss_scaling(self.model, "BroadcastGlobalVariablesCallback")
         if self.model.built and self.model.variables:
             self._broadcast()
 

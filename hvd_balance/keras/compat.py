@@ -14,33 +14,55 @@ Horovod's TensorFlow ops before the update (:func:`_keras3_distributed_optimizer
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import warnings
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-keras = tf.keras
-# tf.keras is a module of the package that provides it: keras (2.x or 3.x) or tf_keras.
-KERAS_VERSION: str = str(sys.modules[keras.__name__.split(".")[0]].__version__)
-KERAS3: bool = int(KERAS_VERSION.split(".")[0]) >= 3
+
+def _requested_keras_backend() -> Optional[str]:
+    """The backend Keras 3 will load: ``KERAS_BACKEND``, else ``keras.json``'s, else None."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return json.load(f).get("backend")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
-def check_backend() -> None:
-    """Refuse a Keras 3 whose backend is not TensorFlow (Horovod's ops are TensorFlow ops).
+def check_backend(backend: Optional[str] = None) -> None:
+    """Refuse a Keras backend other than TensorFlow's (Horovod's collectives are TensorFlow
+    ops). Runs before ``tf.keras`` is first touched: Keras 3 on another backend may not even
+    import inside TensorFlow.
 
     Raises:
         ImportError: naming the backend and how to select TensorFlow's.
     """
-    if KERAS3:
-        backend = keras.backend.backend()
-        if backend != "tensorflow":
-            raise ImportError(
-                f"hvd_balance needs Keras's TensorFlow backend; this Keras {KERAS_VERSION} runs on "
-                f"{backend!r} (KERAS_BACKEND={os.environ.get('KERAS_BACKEND', '')!r}). Set "
-                "KERAS_BACKEND=tensorflow before Python starts (or in ~/.keras/keras.json), "
-                "then run again: Horovod's collectives are TensorFlow ops")
+    backend = backend or _requested_keras_backend()
+    if backend and backend != "tensorflow":
+        raise ImportError(
+            f"hvd_balance needs Keras's TensorFlow backend, but Keras is set to {backend!r} "
+            f"(KERAS_BACKEND={os.environ.get('KERAS_BACKEND', '')!r}, or ~/.keras/keras.json). "
+            "Set KERAS_BACKEND=tensorflow before Python starts, then run again: Horovod's "
+            "collectives are TensorFlow ops, and JAX or PyTorch models cannot use them")
+
+
+check_backend()
+
+keras = tf.keras
+# Keras 3 warns on every fit on a tf.data.Dataset that its default shuffle=True is ignored;
+# BalancedData shuffles globally itself (same permutation on every rank), so it is noise.
+warnings.filterwarnings("ignore", message="`shuffle=True` was passed, but will be ignored since the "
+                        "data `x` was provided as a tf.data.Dataset", category=UserWarning)
+# tf.keras is a module of the package that provides it: keras (2.x or 3.x) or tf_keras.
+KERAS_VERSION: str = str(sys.modules[keras.__name__.split(".")[0]].__version__)
+KERAS3: bool = int(KERAS_VERSION.split(".")[0]) >= 3
 
 
 # -- optimizers ---------------------------------------------------------------------------
@@ -245,6 +267,12 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
                                          process_set=process_set, name=prefix)
 
     reduce = make_reduce(reduce_sum)
+    if (keras.mixed_precision.global_policy().name == "mixed_float16"
+            and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)):
+        # compile() would wrap this optimizer in a LossScaleOptimizer, whose finite check runs
+        # on each rank's own gradients and skips the inner apply (the allreduce) on some
+        # ranks only: a hang. Wrapped here instead, the allreduce runs before the check.
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     base = type(optimizer)
 
     def apply(self, grads, trainable_variables=None):
@@ -260,7 +288,7 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
 
     cls = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__,
                                         "__qualname__": base.__qualname__,
-                                        "__doc__": base.__doc__})
+                                        "__doc__": base.__doc__, "_hvd_balance_reduces": True})
     return cls.from_config(optimizer.get_config())
 
 
@@ -326,6 +354,21 @@ def jit_compiled(model) -> bool:
     """Whether the model's train step is compiled with XLA (Keras 3's ``"auto"`` resolved)."""
     value = getattr(model, "jit_compile", False)
     return value is True
+
+
+def check_loss_scaling(model, who: str) -> None:
+    """Refuse a Keras 3 loss-scale wrapper around the reducing optimizer: its finite check
+    runs on each rank's own gradients, so some ranks would skip the allreduce and the others
+    wait for them. (``DistributedOptimizer`` wraps it the other way round itself under a
+    global ``mixed_float16`` policy; a model-level policy makes ``compile`` wrap it.)"""
+    optimizer = getattr(model, "optimizer", None)
+    inner = inner_optimizer(optimizer) if optimizer is not None else None
+    if KERAS3 and getattr(type(inner), "_hvd_balance_reduces", False):
+        raise ValueError(
+            f"{who}: the model's LossScaleOptimizer wraps the distributed optimizer, so ranks whose "
+            "own gradients overflow would skip the allreduce that the others wait in. Wrap it the "
+            "other way round: DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer)), "
+            "or set keras.mixed_precision.set_global_policy('mixed_float16') before building it")
 
 
 def check_not_jit_compiled(model, who: str) -> None:

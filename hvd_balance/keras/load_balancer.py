@@ -153,6 +153,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._stop_join()
         compat.check_not_jit_compiled(self.model, "LoadBalancer")
+        compat.check_loss_scaling(self.model, "LoadBalancer")
         data = self.data
         self.history, self._last, self._pending, self._previous = [], [], {}, None
         self._pooled, self.plan = [], None

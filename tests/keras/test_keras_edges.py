@@ -1,0 +1,89 @@
+"""What Keras users try that Horovod's collectives cannot do, refused clearly on every stack:
+another Keras backend, an XLA-compiled step, a loss-scale wrapper around the reducing
+optimizer; and mixed precision done the right way round, exactly."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_balance
+import hvd_balance.keras as hvd
+from hvd_balance.keras import compat
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", ["jax", "torch", "numpy"])
+def test_another_keras_backend_is_refused_at_import_naming_it(backend):
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", "import hvd_balance; hvd_balance.BalancedData"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: hvd_balance needs Keras's TensorFlow backend, but Keras is "
+                           f"set to {backend!r}") and "KERAS_BACKEND=tensorflow" in last
+
+
+def small_model():
+    tf.keras.utils.set_random_seed(1)
+    return tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(8, activation="relu"),
+                                tf.keras.layers.Dense(1)])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("callback", ["broadcast", "balancer"])
+def test_an_xla_compiled_step_is_refused_before_the_first_step(callback):
+    hvd.init()
+    x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+    data = hvd_balance.BalancedData(x, y, global_batch_size=8)
+    model = small_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=True)
+    cb = (hvd.callbacks.BroadcastGlobalVariablesCallback(0) if callback == "broadcast"
+          else hvd_balance.LoadBalancer(data, plan=hvd_balance.Plan.from_batch_sizes([8]), verbose=0))
+    with pytest.raises(ValueError, match="jit_compile=True, but Horovod's allreduce cannot run inside "
+                                         "an XLA-compiled step: compile with jit_compile=False"):
+        model.fit(data, epochs=1, verbose=0, callbacks=[cb])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+@pytest.mark.skipif(not compat.KERAS3, reason="Keras 3's LossScaleOptimizer")
+@pytest.mark.timeout(120)
+def test_mixed_precision_wraps_the_loss_scale_inside_and_steps_as_plain_keras():
+    hvd.init()
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+    y = np.random.default_rng(1).normal(size=(16, 1)).astype("float32")
+    weights = []
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        for make in (lambda: hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
+                     lambda: tf.keras.optimizers.SGD(0.1)):
+            model = small_model()
+            model.compile(optimizer=make(), loss="mse")
+            assert isinstance(model.optimizer, tf.keras.optimizers.LossScaleOptimizer)
+            model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+            weights.append(model.get_weights())
+            if len(weights) == 1:  # the reducing class is the loss-scale wrapper itself, so the
+                # allreduce runs before its finite check, and compile kept it as it was
+                assert getattr(type(model.optimizer), "_hvd_balance_reduces", False)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-3)
+
+
+@pytest.mark.skipif(not compat.KERAS3, reason="Keras 3's LossScaleOptimizer")
+@pytest.mark.timeout(120)
+def test_a_loss_scale_wrapper_around_the_reducing_optimizer_is_refused():
+    hvd.init()
+    x, y = np.ones((32, 4), "float32"), np.ones((32, 1), "float32")
+    model = small_model()
+    inside = tf.keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)))
+    model.compile(optimizer=inside, loss="mse")
+    with pytest.raises(ValueError, match=r"Wrap it the other way round: DistributedOptimizer\("
+                                         r"keras.optimizers.LossScaleOptimizer\(optimizer\)\)"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
