@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Create (or complete) the hvd_balance environment from nothing, idempotently.
 #
-#   bash scripts/install.sh                          # the default stack (below), CPU, Gloo
-#   HVD_BALANCE_STACK=keras3 bash scripts/install.sh # TensorFlow 2.21 with Keras 3
+#   bash scripts/install.sh                          # the default stack, keras3 (below), CPU, Gloo
+#   HVD_BALANCE_STACK=keras2 bash scripts/install.sh # TensorFlow 2.15 with Keras 2
 #   HVD_BALANCE_GPU=1 bash scripts/install.sh        # GPU build on a CUDA machine:
 #                                                    # tensorflow[and-cuda] + Horovod with NCCL
 #
 # Stacks (HVD_BALANCE_STACK), each in its own virtual environment:
-#   keras2    tensorflow-cpu 2.15.1 (Keras 2.15)                            venv .venv
-#   keras3    tensorflow-cpu 2.21.0 (Keras 3)                               venv .venv-keras3
+#   keras3    tensorflow-cpu 2.21.0 (Keras 3), the default                  venv .venv
+#   keras2    tensorflow-cpu 2.15.1 (Keras 2.15)                            venv .venv-keras2
 #   tf-keras  tensorflow-cpu 2.21.0 + tf-keras 2.21 (Keras 2 API on TF 2.21) venv .venv-tf-keras
 #             Its programs must run with TF_USE_LEGACY_KERAS=1 in the environment (scripts/test.sh
 #             sets it for this stack); without it tf.keras is Keras 3. Nothing is set globally.
@@ -17,7 +17,7 @@
 # TF >= 2.19, a no-op on a CPU build against older TensorFlow).
 #
 # Environment:
-#   HVD_BALANCE_STACK  keras2 | keras3 | tf-keras (default: keras2)
+#   HVD_BALANCE_STACK  keras3 | tf-keras | keras2 (default: keras3)
 #   HVD_BALANCE_VENV   where the virtual environment lives (default: the stack's, above)
 #   HVD_BALANCE_GPU    1 for the GPU (NCCL) build; default 0 (CPU, Gloo)
 #   PYTHON             the interpreter that creates the venv (default: python3.11, else python3)
@@ -29,13 +29,13 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 log() { echo "[install] $*" >&2; }
 
-DEFAULT_STACK=keras2
+DEFAULT_STACK=keras3
 stack=${HVD_BALANCE_STACK:-$DEFAULT_STACK}
 case "$stack" in
-  keras2)   TF_VERSION=2.15.1; venv_default=$repo/.venv
+  keras2)   TF_VERSION=2.15.1; venv_default=$repo/.venv-keras2
             extra_pkgs=(); NUMPY_VERSION=1.26.4
             deps=("scikit-learn>=1.3,<1.6" "matplotlib>=3.7,<3.10") ;;
-  keras3)   TF_VERSION=2.21.0; venv_default=$repo/.venv-keras3
+  keras3)   TF_VERSION=2.21.0; venv_default=$repo/.venv
             extra_pkgs=(); NUMPY_VERSION=2.1.3
             deps=("scikit-learn>=1.5,<1.8" "matplotlib>=3.9,<3.11") ;;
   tf-keras) TF_VERSION=2.21.0; venv_default=$repo/.venv-tf-keras

@@ -6,7 +6,7 @@ import tensorflow as tf
 from hvd_balance import Plan
 from hvd_balance.keras.data import BalancedData
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.stacks]
 
 
 def shards(n, plan, epoch, seed=0, shuffle=True):

@@ -14,6 +14,8 @@ import hvd_balance
 import hvd_balance.keras as hvd
 from hvd_balance.keras import compat
 
+pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
+
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["jax", "torch", "numpy"])

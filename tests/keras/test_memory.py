@@ -7,6 +7,8 @@ from hvd_balance.core.memory_caps import check_caps_feasible, resolve_max_batch_
 from hvd_balance.keras.memory_probe import is_out_of_memory, make_probe_step, probe_max_batch
 from hvd_balance.core.planner import plan_batches
 
+pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
+
 DEVICES = ["gpu:0 (NVIDIA A100-SXM4-80GB)", "gpu:1 (Tesla T4)", "cpu (4 threads)", "cpu (4 threads)"]
 
 

@@ -13,6 +13,8 @@ import pytest
 from hvd_balance.keras import step_timer as benchmark
 from hvd_balance.core.planner import plan_batches
 
+pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
+
 
 class ScriptedSteps:
     """A step function and a clock: step ``k`` advances the clock by its next scripted time.

@@ -75,6 +75,7 @@ def assert_rank0_names_rank1(run, cause):
         run.stdout[-4000:]
 
 
+@pytest.mark.stacks
 @pytest.mark.timeout(420)
 def test_a_rank_that_raises_mid_epoch_stops_every_rank_and_the_checkpoint_resumes(tmp_path):
     run, out = crash(tmp_path, "raise")

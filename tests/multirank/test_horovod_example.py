@@ -5,6 +5,8 @@ import pytest
 
 from support import run_ranks
 
+pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["plain", "balanced"])

@@ -9,6 +9,8 @@ import pytest
 from hvd_balance.keras.compat import KERAS3
 from support import run_ranks
 
+pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
+
 SCRIPT = "tests/rank_scripts/balanced_fit.py"
 # Keras 3 accumulates gradients with its optimizers' gradient_accumulation_steps, reducing every
 # step (tests/multirank/test_optimizer.py); Horovod's backward_passes_per_step is refused there.

@@ -7,6 +7,8 @@ import hvd_balance
 from hvd_balance.keras.compat import KERAS3
 from support import run_ranks
 
+pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
+
 # (legacy optimizer, file suffix, saved with the weighted optimizer). Keras 3 has no legacy
 # optimizers, and its HDF5 files do not keep a compiled loss given by name.
 SAVE_CASES = [(False, ".keras", True), (False, ".keras", False)] + (
