@@ -26,7 +26,7 @@ def test_weighted_step_equals_single_process_on_global_batch(batches):
     per_rank = run.results()
     assert sorted(per_rank) == list(range(len(sizes)))
     for rank, r in per_rank.items():
-        for case in ("dense", "sparse") + (("accumulated",) if KERAS3 else ()):
+        for case in ("dense", "sparse", "executed") + (("accumulated",) if KERAS3 else ()):
             assert r[f"moved_{case}"] > 1e-3          # the step really changed the weights
             assert r[f"max_rel_err_{case}"] < 1e-5    # and equals the single-process step
             assert r[f"weight_{case}"] == pytest.approx(sizes[rank] / sum(sizes))

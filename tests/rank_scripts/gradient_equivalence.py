@@ -2,7 +2,8 @@
 
 Usage: horovodrun -np N python gradient_equivalence.py 5,17,42
 Emits per rank (``_result.emit``): {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}
-(and ``max_rel_err_accumulated`` on Keras 3: two steps with gradient_accumulation_steps=2).
+(``executed``: two steps in one execution, ``steps_per_execution=2``; ``accumulated``, Keras 3
+only: two steps with ``gradient_accumulation_steps=2``).
 """
 import sys
 
@@ -42,16 +43,19 @@ loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 result = {"rank": hvd.rank(), "batches": batches}
 # Keras 3 accumulates gradients itself (gradient_accumulation_steps): every step is reduced
 # and accumulated, so two accumulated steps equal one process doing the same on global batches.
-runs = [(name, make, x, {}, 1) for name, (make, x) in cases.items()]
+# (name, model, inputs, optimizer options, steps, compile options)
+runs = [(name, make, x, {}, 1, {}) for name, (make, x) in cases.items()]
+# Two steps in one execution of the compiled loop.
+runs.append(("executed", dense_model, cases["dense"][1], {}, 2, {"steps_per_execution": 2}))
 if KERAS3:
-    runs.append(("accumulated", dense_model, cases["dense"][1], {"gradient_accumulation_steps": 2}, 2))
-for name, make, x, extra, steps in runs:
+    runs.append(("accumulated", dense_model, cases["dense"][1], {"gradient_accumulation_steps": 2}, 2, {}))
+for name, make, x, extra, steps, compile_options in runs:
     tf.keras.utils.set_random_seed(7)
     model = make()
     start = [w.copy() for w in model.get_weights()]
     data = hvd_balance.BalancedData(x, y, global_batch_size=B, seed=3)
     opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.5, **extra))
-    model.compile(optimizer=opt, loss=loss)
+    model.compile(optimizer=opt, loss=loss, **compile_options)
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0,
               callbacks=[hvd_balance.LoadBalancer(data, plan=plan, verbose=0)])
     # The single-process reference: the same start, the same steps on the union of the
