@@ -13,10 +13,14 @@ export PATH="$venv/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 shares=1.0,0.25
 mkdir -p results
 rm -f results/demo-*.json
+# TensorFlow 2.21's C++ start-up lines (absl's notice, oneDNN's) come before it reads
+# TF_CPP_MIN_LOG_LEVEL: leave them out of the demo's output (grep -v: status 1 = all filtered).
+quiet() { grep -v -E 'absl::InitializeLog\(\) is called|port\.cc:[0-9]+\] oneDNN custom operations' || [ $? -eq 1 ]; }
 for strategy in uniform proportional balanced; do
   echo "=== $strategy: 2 ranks at CPU shares $shares"
   python -m hvd_balance.emulate --cpu-shares "$shares" -- \
-    python examples/train_digits.py --strategy "$strategy" --json "results/demo-$strategy.json" "$@"
+    python examples/train_digits.py --strategy "$strategy" --json "results/demo-$strategy.json" "$@" \
+    2>&1 | quiet
 done
 echo "=== side by side (epoch s: median of epochs 2+; speedup: over uniform)"
 python -m hvd_balance.tools.demo_report results/demo-{uniform,proportional,balanced}.json \
