@@ -74,7 +74,7 @@ class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callb
             return
         import horovod.tensorflow as hvd
 
-        variables = [v for v in self.model.variables if id(v) not in self._local_vars]
+        variables = [v for v in compat.model_state(self.model) if id(v) not in self._local_vars]
         optimizer = self.model.optimizer
         if optimizer is not None:
             compat.build_optimizer(optimizer, self.model.trainable_variables)

@@ -44,6 +44,8 @@ def check_backend(backend: Optional[str] = None) -> None:
     Raises:
         ImportError: naming the backend and how to select TensorFlow's.
     """
+    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes"):
+        return  # tf-keras: Keras 2, TensorFlow only, whatever KERAS_BACKEND says
     backend = backend or _requested_keras_backend()
     if backend and backend != "tensorflow":
         raise ImportError(
@@ -88,6 +90,8 @@ def optimizer_classes() -> dict:
     for base in optimizer_base_classes():
         is_legacy = not KERAS3 and base is not keras.optimizers.Optimizer
         for cls in _all_subclasses(base):
+            if cls.__dict__.get("_hvd_balance_reduces"):  # ours: same name and module as Keras's
+                continue
             if "LossScaleOptimizer" not in cls.__name__ and cls.__module__.startswith(("keras", "tf_keras")):
                 out.setdefault(cls.__name__, {})[is_legacy] = cls
     return out
@@ -133,9 +137,10 @@ def learning_rate(optimizer) -> float:
 
 def set_learning_rate(optimizer, value: float) -> None:
     """Set the learning rate; refuses a schedule, which owns it (as Horovod's callbacks do)."""
-    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
+    owner = inner_optimizer(optimizer) or optimizer  # a loss-scale wrapper's own rate is unused
+    if isinstance(getattr(owner, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
         raise ValueError(
-            f"the optimizer's learning rate is a schedule ({type(optimizer._learning_rate).__name__}); "
+            f"the optimizer's learning rate is a schedule ({type(owner._learning_rate).__name__}); "
             "a learning-rate callback cannot set it: give the optimizer a number as learning_rate")
     optimizer.learning_rate = value  # every Keras assigns to its variable here
 
@@ -160,6 +165,12 @@ def set_momentum(optimizer, value: float) -> None:
         current.assign(value)
     else:
         optimizer.momentum = value  # a legacy optimizer's setter assigns its hyper variable
+
+
+def model_state(model) -> list:
+    """The variables every rank must share: the weights. Keras 3's ``variables`` also hold its
+    random-seed states (dropout, augmentation), which stay each rank's own, as on Keras 2."""
+    return list(model.weights if KERAS3 else model.variables)
 
 
 def tf_variables(variables) -> list:
@@ -234,7 +245,7 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
                                   process_set, op=None, backward_passes_per_step: int = 1,
                                   average_aggregated_gradients: bool = False, groups=None,
                                   device_dense: str = "", device_sparse: str = "",
-                                  scale_local_gradients: bool = True):
+                                  scale_local_gradients: bool = True, num_groups: int = 0):
     """Keras 3: a subclass of the optimizer's own class whose ``apply`` reduces first.
 
     Keras 3's ``train_step`` calls ``optimizer.apply(grads, variables)`` (through
@@ -255,6 +266,12 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
     if groups is not None:
         raise ValueError(f"groups={groups!r} is not supported on Keras 3: all gradients are "
                          "reduced in one grouped allreduce")
+    if num_groups:
+        raise ValueError(f"num_groups={num_groups!r} is not supported on Keras 3: all gradients are "
+                         "reduced in one grouped allreduce")
+    if getattr(type(optimizer), "_hvd_balance_reduces", False):
+        raise ValueError(f"the {type(optimizer).__name__} optimizer is already distributed: wrap the "
+                         "plain Keras optimizer once")
     del average_aggregated_gradients, scale_local_gradients  # meaningless without Horovod's aggregation
     prefix = (name or f"DistributedOptimizer_{type(optimizer).__name__}") + "_Allreduce"
 
@@ -277,8 +294,9 @@ def _keras3_distributed_optimizer(optimizer, make_reduce, *, name, compression, 
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
-        variables = (list(trainable_variables) if trainable_variables is not None
-                     else list(self._trainable_variables))
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)  # read twice: not an iterator
+        variables = trainable_variables if trainable_variables is not None else list(self._trainable_variables)
         present = [i for i, g in enumerate(grads) if g is not None]
         if present:
             reduced = reduce([grads[i] for i in present], [variables[i] for i in present])

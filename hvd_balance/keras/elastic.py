@@ -94,18 +94,24 @@ class KerasState(ObjectState):
             raise ValueError("the model must be built first: run model.build(input_shape)")
         self.model = model
         self.optimizer = optimizer or model.optimizer
+        # Slots now, so a worker that joins later holds the same list of variables.
+        compat.build_optimizer(self.optimizer, model.trainable_variables)
         self._save_model()
         super().__init__(bcast_object=hvd_tf.broadcast_object, get_rank=hvd_tf.rank, **kwargs)
 
     def _variables(self) -> list:
-        return list(self.model.variables) + compat.optimizer_variables(self.optimizer)
+        return compat.model_state(self.model) + compat.optimizer_variables(self.optimizer)
 
     def save(self):
         self._save_model()
         super().save()
 
     def restore(self):
-        for variable, saved in zip(self._variables(), self._saved):
+        variables = self._variables()
+        if len(variables) != len(self._saved):
+            raise ValueError(f"cannot restore the committed state: {len(self._saved)} variables were "
+                             f"committed, the model and optimizer now have {len(variables)}")
+        for variable, saved in zip(variables, self._saved):
             variable.assign(saved)
         super().restore()
 

@@ -131,8 +131,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
 def _attribute(optimizer, name: str, kind: type):
     value = getattr(optimizer, name, None)
     if value is None:
-        inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
-        value = getattr(inner, name, None)
+        value = getattr(compat.inner_optimizer(optimizer), name, None)  # a loss-scale wrapper
     return value if isinstance(value, kind) else None
 
 

@@ -15,7 +15,9 @@ that names nothing. hvd_balance's callbacks (:class:`~hvd_balance.LoadBalancer`,
   collective, so when a callback after them stopped one rank only, both raise
   :class:`StopMismatchError` at once, naming the ranks that stopped and at which epoch.
 
-One gather per epoch begin and end, a few hundred bytes each.
+One gather per epoch begin and end, a few hundred bytes each. A stop in the middle of an epoch
+(``TerminateOnNaN`` on one rank's own loss, say) is not covered: that rank leaves the epoch
+while the others wait in the next step's allreduce. Stop at epoch ends, on averaged metrics.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ class StopAgreement:
 
     _by_model: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
-    def __init__(self, model):
+    def __init__(self, model, params):
         self.model = model
+        self.params = params  # the one dict Keras gives every callback of one fit
         self.members: List[object] = []
         self.first_epoch: Optional[int] = None
 
@@ -44,8 +47,10 @@ class StopAgreement:
     def join(cls, model, callback) -> "StopAgreement":
         """The model's agreement for the ``fit`` that is starting, with ``callback`` in it."""
         agreement = cls._by_model.get(model)
-        if agreement is None or agreement.first_epoch is not None or callback in agreement.members:
-            agreement = cls._by_model[model] = cls(model)  # a new fit
+        params = getattr(callback, "params", None)
+        if (agreement is None or agreement.params is not params or agreement.first_epoch is not None
+                or callback in agreement.members):
+            agreement = cls._by_model[model] = cls(model, params)  # a new fit
         agreement.members.append(callback)
         return agreement
 

@@ -89,3 +89,21 @@ def test_a_loss_scale_wrapper_around_the_reducing_optimizer_is_refused():
                                          r"keras.optimizers.LossScaleOptimizer\(optimizer\)\)"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+
+@pytest.mark.skipif(not compat.KERAS3, reason="Keras 3's optimizer subclass")
+def test_a_distributed_optimizer_never_stands_in_for_keras_own_class_nor_wraps_twice():
+    hvd.init()
+    distributed = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    # it has SGD's name and module (so it saves and loads as SGD), but load_model must rebuild
+    # Keras's own SGD, else a loaded model would reduce twice, once with a stale weight
+    assert type(distributed).__name__ == "SGD" and compat.optimizer_classes()["SGD"][False] is tf.keras.optimizers.SGD
+    with pytest.raises(ValueError, match="already distributed"):
+        hvd.DistributedOptimizer(distributed)
+
+
+@pytest.mark.skipif(not compat.KERAS3, reason="Keras 3's random-seed state")
+def test_the_broadcast_leaves_each_rank_its_own_dropout_seeds():
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dropout(0.5), tf.keras.layers.Dense(2)])
+    state = compat.model_state(model)
+    assert len(state) == 2 and len(model.variables) == 3  # kernel, bias; not the seed state

@@ -47,7 +47,7 @@ def test_fifty_epochs_with_rebalancing_and_changing_throttles_leak_and_drift_not
     for epoch_plans in a["plans"]:
         assert all(sum(p) == 128 and min(p) >= 1 for p in epoch_plans)
     # Rebalancing was on: one decision at every epoch end, taken alike on every rank. (Whether
-    # the plan changes depends on the machine's noise, see tests/test_adaptive.py for that.)
+    # the plan changes depends on the machine's noise, see tests/multirank/test_adaptive.py for that.)
     assert [h["epoch"] for h in a["history"]] == list(range(EPOCHS))
     changes = [(h["epoch"], h["batch_sizes"]) for h in a["history"] if h["changed"]]
     print(f"plan changes (epoch, batches): {changes}")

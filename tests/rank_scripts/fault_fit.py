@@ -1,4 +1,4 @@
-"""A balanced training run in which one rank fails, for tests/test_faults.py.
+"""A balanced training run in which one rank fails, for tests/multirank/test_faults.py.
 
 Usage: horovodrun -np 2 python fault_fit.py OUT MODE [--no-watchdog]
 OUT: a directory shared by the ranks (checkpoints, markers).
