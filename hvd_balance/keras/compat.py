@@ -44,8 +44,9 @@ def check_backend(backend: Optional[str] = None) -> None:
     Raises:
         ImportError: naming the backend and how to select TensorFlow's.
     """
-    if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes"):
-        return  # tf-keras: Keras 2, TensorFlow only, whatever KERAS_BACKEND says
+    if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 16):
+        return  # Keras 2.15, TensorFlow only, whatever KERAS_BACKEND says (with tf-keras, Keras 3
+        # is installed too and Horovod's Keras module imports it: refused there as well)
     backend = backend or _requested_keras_backend()
     if backend and backend != "tensorflow":
         raise ImportError(

@@ -23,6 +23,10 @@ def test_another_keras_backend_is_refused_at_import_naming_it(backend):
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run([sys.executable, "-c", "import hvd_balance; hvd_balance.BalancedData"],
                           env=env, capture_output=True, text=True, timeout=120)
+    if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 16):  # no Keras 3 installed:
+        # Keras 2.15 runs on TensorFlow whatever KERAS_BACKEND says
+        assert done.returncode == 0, done.stderr[-2000:]
+        return
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"ImportError: hvd_balance needs Keras's TensorFlow backend, but Keras is "
