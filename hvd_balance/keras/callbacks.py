@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-import tensorflow as tf
-
 from . import collective, compat, plan_sync
 from .load_balancer import LoadBalancer
 from .metric_average import WeightedMetricAverage
@@ -83,7 +81,7 @@ class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callb
         # error naming no rank: compare first, and name them (the LoadBalancer's words).
         plan_sync.check_consistent(
             "hvd_balance.broadcast.check",
-            parameters=int(sum(int(tf.size(v)) for v in self.model.trainable_variables)),
+            parameters=plan_sync.trainable_parameters(self.model),
             variables=[tuple(v.shape) for v in variables])
         hvd.broadcast_variables(compat.tf_variables(variables), root_rank=self.root_rank)
         self.broadcast_done = True

@@ -226,7 +226,7 @@ def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method
         "hvd_balance.elastic.check_job", world_size=size, global_batch_size=data.global_batch_size,
         seed=data.seed, num_samples=data.num_samples, steps=data.steps,
         segment_steps=data.segment_steps, epoch=state.epoch, step=state.step,
-        parameters=int(sum(int(tf.size(v)) for v in model.trainable_variables)))
+        parameters=plan_sync.trainable_parameters(model))
     if isinstance(plan, Plan) and plan.world_size == size:
         chosen = plan_sync.resolve_given_plan(plan, data)
     elif plan == "benchmark":

@@ -163,7 +163,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             raise ValueError(f"rebalance={self.rebalance} must be a multiple of the model's "
                              f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
         self._check_gradient_aggregation()
-        parameters = (int(sum(int(tf.size(v)) for v in self.model.trainable_variables))
+        parameters = (plan_sync.trainable_parameters(self.model)
                       if self.model.built else None)
         plan_sync.check_consistent(
             "hvd_balance.check_job", world_size=data.world_size,

@@ -45,6 +45,11 @@ def describe_device() -> str:
     return f"cpu x{float(share):g}" if share else "cpu"
 
 
+def trainable_parameters(model) -> int:
+    """The model's trainable parameters (a number every rank must agree on)."""
+    return int(sum(int(tf.size(v)) for v in model.trainable_variables))
+
+
 def check_consistent(name: str, **values: Any) -> None:
     """Raise on every rank unless every rank passed the same ``values``.
 
