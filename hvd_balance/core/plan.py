@@ -5,7 +5,7 @@ plans given as dicts (:meth:`Plan.from_dict`).
 
 A plan file lets a later run reuse a plan and skip the benchmark. It holds the world size,
 the global batch, and per rank its host, device, measured time curve, local batch, weight
-and cap, plus the versions it was made with. Example (``format_version: 1``)::
+and cap (and floor, when it has one), plus the versions it was made with. Example (``format_version: 1``)::
 
     # hvd_balance plan: `hvd-balance show plan.yaml`, or Plan.load("plan.yaml")
     format_version: 1
@@ -23,6 +23,7 @@ and cap, plus the versions it was made with. Example (``format_version: 1``)::
       local_batch: 48
       weight: 0.75
       max_batch_size: 512
+      min_batch_size: 16
       predicted_step_s: 0.0412
       curve:
       - [8, 0.0121]
@@ -30,8 +31,8 @@ and cap, plus the versions it was made with. Example (``format_version: 1``)::
 
 Reading uses safe YAML loading only, and refuses more than that: YAML tags that would
 construct objects, anchors and aliases (``&a`` / ``*a``, the "billion laughs"), duplicate
-keys, unknown keys, wrong types, non-finite numbers, local batches below 1 or above their
-cap, a weight that is not ``local_batch / global_batch_size``, and a rank list that does
+keys, unknown keys, wrong types, non-finite numbers, local batches below 1 or their floor
+or above their cap, a floor above its cap, a weight that is not ``local_batch / global_batch_size``, and a rank list that does
 not match ``world_size`` (a truncated file). Every refusal is a ``ValueError`` that names
 the file and the offending entry, e.g. ``plan file 'p.yaml': ranks[2].local_batch must be
 an integer >= 1; got -4``.
@@ -72,6 +73,8 @@ class Plan:
             (empty for a given plan).
         hosts, devices: per rank, where it runs (empty when unknown).
         benchmark_s: seconds spent measuring the curves (0 for a given plan).
+        min_batch_sizes: per-rank floors in samples, the smallest local batch the planner
+            was allowed (``None``: no floors, i.e. 1); a re-plan keeps them.
 
     Example:
         >>> plan = Plan.from_batch_sizes([5, 17, 42])
@@ -88,6 +91,7 @@ class Plan:
     hosts: Tuple[str, ...] = ()
     devices: Tuple[str, ...] = ()
     benchmark_s: float = 0.0
+    min_batch_sizes: Optional[Tuple[Optional[int], ...]] = None
 
     def __post_init__(self):
         sizes = tuple(self.batch_sizes)
@@ -226,6 +230,7 @@ class Plan:
         d["batch_sizes"] = list(self.batch_sizes)
         d["curves"] = [[list(p) for p in c] for c in self.curves]
         d["max_batch_sizes"] = None if self.max_batch_sizes is None else list(self.max_batch_sizes)
+        d["min_batch_sizes"] = None if self.min_batch_sizes is None else list(self.min_batch_sizes)
         for k in ("predicted_step_s", "hosts", "devices"):
             d[k] = list(d[k])
         return d
@@ -246,11 +251,12 @@ class Plan:
     def table(self, samples_per_s: Optional[Sequence[float]] = None) -> str:
         """A readable table: rank, host, device, samples/s, local batch, weight, predicted step.
 
-        A ``max batch`` column is added when the plan has caps.
+        ``min batch`` and ``max batch`` columns are added when the plan has floors or caps.
         """
         capped = self.max_batch_sizes is not None
+        floored = self.min_batch_sizes is not None
         rows = [("rank", "host", "device", "samples/s", "local batch", "weight", "pred. step ms")
-                + (("max batch",) if capped else ())]
+                + (("min batch",) if floored else ()) + (("max batch",) if capped else ())]
         for i, b in enumerate(self.batch_sizes):
             rate = samples_per_s[i] if samples_per_s is not None else None
             if rate is None and self.curves:
@@ -261,6 +267,9 @@ class Plan:
                    self.devices[i] if self.devices else "-",
                    "-" if rate is None else f"{rate:.1f}", str(b), f"{b / self.global_batch_size:.4f}",
                    "-" if step is None else f"{step:.2f}")
+            if floored:
+                floor = self.min_batch_sizes[i]
+                row += ("-" if floor is None else str(floor),)
             if capped:
                 cap = self.max_batch_sizes[i]
                 row += ("-" if cap is None else str(cap),)
@@ -286,7 +295,7 @@ FORMAT_VERSION = 1
 _TOP_KEYS = ("format_version", "made_with", "created", "method", "world_size", "global_batch_size",
              "benchmark_s", "predicted_makespan_s", "ranks")
 _RANK_KEYS = ("rank", "host", "device", "local_batch", "weight", "max_batch_size",
-              "predicted_step_s", "curve")
+              "min_batch_size", "predicted_step_s", "curve")
 _WEIGHT_RTOL = 1e-6
 
 # Distribution names that provide each module, first match wins.
@@ -417,6 +426,9 @@ def to_yaml(plan: Plan, made_with: Optional[Dict[str, str]] = None,
         if plan.max_batch_sizes is not None:
             cap = plan.max_batch_sizes[i]
             r["max_batch_size"] = None if cap is None else int(cap)
+        if plan.min_batch_sizes is not None:
+            floor = plan.min_batch_sizes[i]
+            r["min_batch_size"] = None if floor is None else int(floor)
         if plan.predicted_step_s:
             r["predicted_step_s"] = float(plan.predicted_step_s[i])
         if plan.curves:
@@ -516,7 +528,8 @@ def _describe_yaml_error(err) -> str:
 
 # Plan fields (Plan.to_dict) that hold one entry per rank -> the plan file's per-rank key.
 _PER_RANK_FIELDS = {"batch_sizes": "local_batch", "hosts": "host", "devices": "device",
-                    "max_batch_sizes": "max_batch_size", "predicted_step_s": "predicted_step_s",
+                    "max_batch_sizes": "max_batch_size", "min_batch_sizes": "min_batch_size",
+                    "predicted_step_s": "predicted_step_s",
                     "curves": "curve"}
 
 
@@ -596,7 +609,7 @@ def _from_data(data, path: str = "") -> PlanFile:
         raise ValueError(
             f"world_size is {world_size} but {len(ranks)} ranks are listed (truncated or edited file?)")
     present = {k: [] for k in _RANK_KEYS}
-    batches, hosts, devices, caps, predicted, curves = [], [], [], [], [], []
+    batches, hosts, devices, caps, floors, predicted, curves = [], [], [], [], [], [], []
     for i, r in enumerate(ranks):
         at = f"ranks[{i}]"
         if not isinstance(r, dict):
@@ -628,6 +641,13 @@ def _from_data(data, path: str = "") -> PlanFile:
             caps.append(cap)
         else:
             caps.append(None)
+        if "min_batch_size" in r:
+            floor = None if r["min_batch_size"] is None else _int(r["min_batch_size"], at + ".min_batch_size", 1)
+            if floor is not None and b < floor:  # (so a floor above the cap is refused too)
+                raise ValueError(f"rank {i}: {at}.local_batch {b} is below its min_batch_size {floor}")
+            floors.append(floor)
+        else:
+            floors.append(None)
         if "predicted_step_s" in r:
             predicted.append(_number(r["predicted_step_s"], at + ".predicted_step_s", minimum=0.0))
         if "curve" in r:
@@ -644,6 +664,7 @@ def _from_data(data, path: str = "") -> PlanFile:
     plan = Plan(
         batch_sizes=tuple(batches), global_batch_size=global_batch, method=method,
         curves=tuple(curves), max_batch_sizes=tuple(caps) if present["max_batch_size"] else None,
+        min_batch_sizes=tuple(floors) if present["min_batch_size"] else None,
         predicted_step_s=tuple(predicted), hosts=tuple(hosts), devices=tuple(devices),
         benchmark_s=benchmark_s)
     return PlanFile(plan=plan, format_version=version,

@@ -9,28 +9,31 @@ monotone non-decreasing and piecewise linear between them, so fixed per-step cos
 (``t_i(b) = a_i + c_i * b`` with ``a_i > 0``) are represented exactly. A throughput
 ``r_i`` in samples/s is the curve ``t_i(b) = b / r_i``.
 
-Problem (``method="minmax"``). Given the global batch ``B`` and optional caps ``m_i``::
+Problem (``method="minmax"``). Given the global batch ``B``, optional caps ``m_i``
+(memory) and optional floors ``l_i`` (the smallest local batch a batch-dependent layer
+such as batch normalization tolerates; default 1), all in samples::
 
     minimize   max_i t_i(b_i)
-    subject to sum_i b_i = B,   1 <= b_i <= m_i,   b_i integer.
+    subject to sum_i b_i = B,   l_i <= b_i <= m_i,   b_i integer.
 
 Solution. Call the pair (rank i, its b-th sample) an *element* with time ``t_i(b)``.
 Because every ``t_i`` is non-decreasing, a plan is a choice of the first ``b_i`` elements
-of each rank, and the plan returned is: every rank's first element (``b_i >= 1``), plus
-the ``B - N`` first elements in the order ``(t_i(b), b, i)`` among the rest
-(``2 <= b <= m_i``). Its slowest step is the smallest possible (any plan must take
-``B - N`` of those elements, so its slowest one is at least the ``(B - N)``-th smallest),
-and the order makes it unique and deterministic: among equal times the rank with fewer
-samples, then the lower rank, gets the sample, so identical ranks (even with flat curves)
-get batches that differ by at most one.
+of each rank, and the plan returned is: every rank's first ``l_i`` elements, plus
+the ``B - L`` first elements (``L = sum_i l_i``) in the order ``(t_i(b), b, i)`` among the
+rest (``l_i < b <= m_i``). Its slowest step is the smallest possible (any plan must take
+the forced elements, and ``B - L`` of the others, so its slowest one is at least the larger
+of ``max_i t_i(l_i)`` and the ``(B - L)``-th smallest of the others), and the order makes it
+unique and deterministic: among equal times the rank with fewer samples, then the lower
+rank, gets the sample, so identical ranks (even with flat curves) get batches that differ
+by at most one.
 
 To find those elements without listing them, let ``n_i(T) = max{b <= m_i : t_i(b) <= T}``
 (inverting the curve, then checked against ``t_i`` itself so that it is exact) and
-``count(T) = sum_i max(0, n_i(T) - 1)``. A bracketing search on ``T`` (regula falsi with the
-Illinois modification, falling back to bisection when it stalls) narrows ``lo < hi`` with
-``count(lo) < B - N <= count(hi)`` until at most ``max(N, 1024)`` elements lie in
+``count(T) = sum_i max(0, n_i(T) - l_i)``. A bracketing search on ``T`` (regula falsi with
+the Illinois modification, falling back to bisection when it stalls) narrows ``lo < hi``
+with ``count(lo) < B - L <= count(hi)`` until at most ``max(N, 1024)`` elements lie in
 ``(lo, hi]``; those are listed, sorted by ``(time, batch, rank)`` and the first
-``B - N - count(lo)`` taken. If ties keep more elements than that in the bracket, the
+``B - L - count(lo)`` taken. If ties keep more elements than that in the bracket, the
 search goes on until no float lies between ``lo`` and ``hi``, so they all have time ``hi``
 and are dealt in the order ``(batch, rank)``.
 
@@ -46,9 +49,10 @@ Python work. Measured end to end (BENCHMARKS.md, busy 2-core machine): 10,000 ra
 
 The paper's rule (``method="proportional"``, Moreno-Alvarez et al. 2020) sets ``b_i``
 proportional to throughput, ``B r_i / sum_j r_j``, rounded by largest remainder. With
-bounds it is ``b_i = clip(lam r_i, 1, m_i)`` for the ``lam`` that makes them add up to
-``B``: ranks whose share falls below one sample get one, capped ranks get their cap, and
-the rest share what is left in proportion to throughput (largest remainder). O(N log N).
+bounds it is ``b_i = clip(lam r_i, l_i, m_i)`` for the ``lam`` that makes them add up to
+``B``: ranks whose share falls below their floor (one sample by default) get the floor,
+capped ranks get their cap, and the rest share what is left in proportion to throughput
+(largest remainder). O(N log N).
 """
 
 from __future__ import annotations
@@ -405,6 +409,55 @@ def _check_caps(max_batch_sizes, world_size: int, global_batch_size: int) -> np.
     return out
 
 
+def _check_floors(min_batch_sizes, world_size: int, global_batch_size: int,
+                  caps: np.ndarray) -> np.ndarray:
+    """Per-rank floors in samples (int64): one int for every rank, or one entry per rank
+    (``None``: no floor, i.e. 1); refused, naming the values, when they are not integers
+    >= 1, add up to more than the global batch, or exceed a rank's cap."""
+    if min_batch_sizes is None:
+        return np.ones(world_size, dtype=np.int64)
+    if isinstance(min_batch_sizes, _NUMBER_TYPES) and not isinstance(min_batch_sizes, bool):
+        given = [min_batch_sizes] * world_size
+        name = "min_batch_sizes"
+    else:
+        if isinstance(min_batch_sizes, (str, bytes, bool)):
+            raise ValueError(f"min_batch_sizes must be an integer or a list with one entry per "
+                             f"rank; got {min_batch_sizes!r}")
+        given = (min_batch_sizes.tolist() if isinstance(min_batch_sizes, np.ndarray)
+                 else list(min_batch_sizes))
+        if len(given) != world_size:
+            shown = given if len(given) <= 16 else given[:16] + ["..."]
+            raise ValueError(f"min_batch_sizes has {len(given)} entries for {world_size} ranks: "
+                             f"{shown!r}")
+        name = None
+    out = np.ones(world_size, dtype=np.int64)
+    for i, f in enumerate(given):
+        if f is None:
+            continue
+        try:
+            ok = not isinstance(f, bool) and float(f).is_integer() and f >= 1
+        except (TypeError, ValueError, OverflowError):
+            ok = False
+        if not ok:
+            at = name or f"min_batch_sizes[{i}]"
+            raise ValueError(f"{at} must be an integer >= 1 or None; got {f!r}")
+        out[i] = int(f)
+        if name is not None:  # one value for every rank: checked once
+            out[:] = out[i]
+            break
+    if int(out.sum()) > global_batch_size:
+        shown = min_batch_sizes if name else (given if len(given) <= 16 else given[:16] + ["..."])
+        raise ValueError(
+            f"the floors min_batch_sizes={shown!r} add up to {int(out.sum())} samples over "
+            f"{world_size} ranks, more than the global batch {global_batch_size}: no plan fits")
+    over = np.flatnonzero(out > caps)
+    if len(over):
+        i = int(over[0])
+        raise ValueError(f"rank {i}: min_batch_sizes[{i}]={int(out[i])} exceeds max_batch_sizes[{i}]="
+                         f"{int(caps[i])}: no local batch fits both")
+    return out
+
+
 def _check_global_batch(global_batch_size, world_size: int) -> int:
     try:
         ok = not isinstance(global_batch_size, bool) and float(global_batch_size).is_integer()
@@ -420,13 +473,16 @@ def _check_global_batch(global_batch_size, world_size: int) -> int:
     return global_batch_size
 
 
-def solve_minmax(curves, global_batch_size: int, caps: np.ndarray) -> np.ndarray:
+def solve_minmax(curves, global_batch_size: int, caps: np.ndarray,
+                 floors: Optional[np.ndarray] = None) -> np.ndarray:
     """Integer batches minimising the slowest rank's predicted step time (see module doc).
 
     Args:
         curves: one :class:`TimeCurve` per rank (or the internal vectorised curve set).
         global_batch_size: ``B`` in samples, at least the number of ranks.
         caps: per-rank maximum local batch in samples, adding up to at least ``B``.
+        floors: per-rank minimum local batch in samples (default 1), ``<= caps``, adding up
+            to at most ``B``.
 
     Returns:
         An int64 array of local batches (samples) adding up to ``B``.
@@ -439,17 +495,19 @@ def solve_minmax(curves, global_batch_size: int, caps: np.ndarray) -> np.ndarray
     cs = curves if isinstance(curves, _CurveSet) else _CurveSet.from_curves(list(curves))
     n = cs.n
     caps = np.asarray(caps, dtype=np.int64)
-    target = int(global_batch_size) - n  # elements to take beyond every rank's first
+    floors = np.ones(n, dtype=np.int64) if floors is None else np.asarray(floors, dtype=np.int64)
+    forced = int(floors.sum())
+    target = int(global_batch_size) - forced  # elements to take beyond every rank's floor
     if target <= 0:
-        return np.ones(n, dtype=np.int64)
+        return floors.copy()
 
-    def kept(step_s):  # per rank, elements with time <= step_s, at least the first
-        return np.maximum(cs.max_batch(step_s, caps), 1)
+    def kept(step_s):  # per rank, elements with time <= step_s, at least the floor's
+        return np.maximum(cs.max_batch(step_s, caps), floors)
 
     def count(k):
-        return int(k.sum()) - n
+        return int(k.sum()) - forced
 
-    floor_s = float(cs.time(np.ones(n)).max())  # every rank takes one sample: T* >= this
+    floor_s = float(cs.time(floors).max())  # every rank takes its floor: T* >= this
     k_floor = kept(floor_s)
     if count(k_floor) >= target:
         hi, k_hi = floor_s, k_floor
@@ -502,7 +560,7 @@ def solve_minmax(curves, global_batch_size: int, caps: np.ndarray) -> np.ndarray
 
 
 def share_slack(cs: "_CurveSet", batches: np.ndarray, global_batch_size: int,
-                caps: np.ndarray) -> np.ndarray:
+                caps: np.ndarray, floors: Optional[np.ndarray] = None) -> np.ndarray:
     """Among the plans with the same slowest step as ``batches``, one that leaves every rank
     the same share of slack.
 
@@ -510,7 +568,8 @@ def share_slack(cs: "_CurveSet", batches: np.ndarray, global_batch_size: int,
     many plans tie for the optimum, and the search's tie-break can leave that rank a single
     sample. Here each rank's capacity at the optimal step time ``T*`` is ``n_i(T*)``, and the
     batches are made proportional to it (the paper's rule over capacities, capped by them),
-    so no rank's predicted time exceeds ``T*`` and the work is spread evenly. O(N K).
+    so no rank's predicted time exceeds ``T*`` and the work is spread evenly; ``floors``
+    (per-rank minimum local batch, default 1) are kept. O(N K).
 
     Example:
         >>> flat = [[(8, 0.004), (64, 0.004)], [(8, 0.0005), (64, 0.004)]]
@@ -519,7 +578,7 @@ def share_slack(cs: "_CurveSet", batches: np.ndarray, global_batch_size: int,
     """
     makespan = float(cs.time(batches).max())
     capacity = np.maximum(np.minimum(cs.max_batch(makespan, caps), caps), batches)
-    spread = solve_proportional(capacity.astype(float), global_batch_size, capacity)
+    spread = solve_proportional(capacity.astype(float), global_batch_size, capacity, floors)
     return spread if float(cs.time(spread).max()) <= makespan else batches
 
 
@@ -566,18 +625,19 @@ def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
-def _proportional_scale(rates: np.ndarray, total: int, caps: np.ndarray) -> float:
-    """``lam`` with ``sum_i clip(lam r_i, 1, m_i) = total``.
+def _proportional_scale(rates: np.ndarray, total: int, caps: np.ndarray,
+                        floors: np.ndarray) -> float:
+    """``lam`` with ``sum_i clip(lam r_i, l_i, m_i) = total``.
 
-    The sum is continuous, non-decreasing and linear between the breakpoints ``1 / r_i``
+    The sum is continuous, non-decreasing and linear between the breakpoints ``l_i / r_i``
     and ``m_i / r_i``: a binary search over the sorted breakpoints (O(N) per step, O(log N)
     steps) finds the segment, and the root is interpolated on it.
     """
     def filled(lam):
-        return float(np.clip(lam * rates, 1, caps).sum())
+        return float(np.clip(lam * rates, floors, caps).sum())
 
-    points = np.unique(np.concatenate([1.0 / rates, caps / rates]))
-    lo, hi = 0, len(points) - 1  # filled(points[0]) = N <= total <= sum(caps) = filled(points[-1])
+    points = np.unique(np.concatenate([floors / rates, caps / rates]))
+    lo, hi = 0, len(points) - 1  # filled(points[0]) = sum(l) <= total <= sum(m) = filled(points[-1])
     s_lo, s_hi = filled(points[lo]), filled(points[hi])
     if s_lo >= total:
         return float(points[lo])
@@ -591,10 +651,12 @@ def _proportional_scale(rates: np.ndarray, total: int, caps: np.ndarray) -> floa
     return float(points[lo] + (points[hi] - points[lo]) * (total - s_lo) / (s_hi - s_lo))
 
 
-def solve_proportional(rates: np.ndarray, global_batch_size: int, caps: np.ndarray) -> np.ndarray:
-    """The paper's rule: b_i proportional to throughput, >= 1, capped, summing to B.
+def solve_proportional(rates: np.ndarray, global_batch_size: int, caps: np.ndarray,
+                       floors: Optional[np.ndarray] = None) -> np.ndarray:
+    """The paper's rule: b_i proportional to throughput, >= its floor (default 1), capped,
+    summing to B.
 
-    ``b_i = clip(lam r_i, 1, m_i)`` with ``lam`` making them add up to ``B``; the ranks
+    ``b_i = clip(lam r_i, l_i, m_i)`` with ``lam`` making them add up to ``B``; the ranks
     strictly between the bounds share what the others leave by largest remainder, so
     without bounds in play this is exactly ``largest_remainder(rates, B)``.
 
@@ -604,34 +666,38 @@ def solve_proportional(rates: np.ndarray, global_batch_size: int, caps: np.ndarr
     """
     rates = np.asarray(rates, dtype=float)
     caps = np.asarray(caps, dtype=np.int64)
+    floors = (np.ones(len(rates), dtype=np.int64) if floors is None
+              else np.asarray(floors, dtype=np.int64))
     total = int(global_batch_size)
-    lam = _proportional_scale(rates, total, caps)
+    lam = _proportional_scale(rates, total, caps, floors)
     share = lam * rates
-    batches = np.ones(len(rates), dtype=np.int64)
-    upper = (share >= caps) & (share > 1)
+    batches = floors.copy()
+    upper = (share >= caps) & (share > floors)
     batches[upper] = caps[upper]
-    free = (share > 1) & ~upper
-    # Water-filling: a share that rounding pushes out of [1, cap] is fixed there and the
+    free = (share > floors) & ~upper
+    # Water-filling: a share that rounding pushes out of [floor, cap] is fixed there and the
     # rest re-divided (rare: only shares within rounding error of a bound).
     while True:
         remaining = total - int(batches[~free].sum())
         if not free.any():
             break
         extra = largest_remainder(rates[free], remaining)
-        low, over = extra < 1, extra > caps[free]
+        low, over = extra < floors[free], extra > caps[free]
         if not low.any() and not over.any():
             batches[free] = extra
             break
         idx = np.flatnonzero(free)
         fix = idx[low | over]
-        batches[fix] = np.where(low, 1, caps[free])[low | over]
+        batches[fix] = np.where(low, floors[free], caps[free])[low | over]
         free[fix] = False
     return batches
 
 
 def plan_batches(rates_or_curves, global_batch_size: int,
                  max_batch_sizes: Optional[Sequence[Optional[int]]] = None,
-                 method: str = "minmax", **plan_info) -> Plan:
+                 method: str = "minmax",
+                 min_batch_sizes: Union[None, int, Sequence[Optional[int]]] = None,
+                 **plan_info) -> Plan:
     """Plan each rank's local batch so that all ranks finish a step together.
 
     Args:
@@ -646,6 +712,10 @@ def plan_batches(rates_or_curves, global_batch_size: int,
         method: ``"minmax"`` (minimise the slowest rank's predicted step time over the
             curves) or ``"proportional"`` (the paper's rule, throughput at the largest
             measured batch).
+        min_batch_sizes: optional floor on the local batch in samples (for batch-dependent
+            layers such as batch normalization): one int for every rank, or one entry per
+            rank (``None``: no floor, i.e. 1). Both methods keep it; minmax stays optimal
+            under floors and caps together.
         **plan_info: extra fields stored on the plan (``hosts``, ``devices``).
 
     Returns:
@@ -653,9 +723,10 @@ def plan_batches(rates_or_curves, global_batch_size: int,
 
     Raises:
         ValueError: naming the bad value, for a global batch smaller than the number of
-            ranks, caps that add up to less than ``B`` or are not integers >= 1, a wrong
-            number of caps, an unknown method, or a throughput, time or batch size that is
-            zero, negative or not finite.
+            ranks, caps that add up to less than ``B`` or are not integers >= 1, floors
+            that add up to more than ``B``, exceed a rank's cap or are not integers >= 1,
+            a wrong number of caps or floors, an unknown method, or a throughput, time or
+            batch size that is zero, negative or not finite.
 
     Example:
         >>> plan_batches([300.0, 100.0], 64).batch_sizes
@@ -664,6 +735,8 @@ def plan_batches(rates_or_curves, global_batch_size: int,
         (16, 24)
         >>> plan_batches([300.0, 100.0], 64, method="proportional").batch_sizes
         (48, 16)
+        >>> plan_batches([500.0, 10.0], 128, min_batch_sizes=16).batch_sizes
+        (112, 16)
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -671,21 +744,26 @@ def plan_batches(rates_or_curves, global_batch_size: int,
     n = cs.n
     global_batch_size = _check_global_batch(global_batch_size, n)
     caps = _check_caps(max_batch_sizes, n, global_batch_size)
+    floors = _check_floors(min_batch_sizes, n, global_batch_size, caps)
     if method == "minmax":
-        batches = share_slack(cs, solve_minmax(cs, global_batch_size, caps), global_batch_size, caps)
+        batches = share_slack(cs, solve_minmax(cs, global_batch_size, caps, floors),
+                              global_batch_size, caps, floors)
     else:
-        batches = solve_proportional(cs.samples_per_s(), global_batch_size, caps)
+        batches = solve_proportional(cs.samples_per_s(), global_batch_size, caps, floors)
     predicted = cs.time(batches)
     if max_batch_sizes is not None:
         given = (max_batch_sizes.tolist() if isinstance(max_batch_sizes, np.ndarray)
                  else list(max_batch_sizes))
         max_batch_sizes = tuple(None if c is None else int(c) for c in given)
+    if min_batch_sizes is not None:
+        min_batch_sizes = tuple(floors.tolist())
     return Plan(
         batch_sizes=tuple(batches.tolist()),
         global_batch_size=global_batch_size,
         method=method,
         curves=cs.points(),
         max_batch_sizes=max_batch_sizes,
+        min_batch_sizes=min_batch_sizes,
         predicted_step_s=tuple(predicted.tolist()),
         **plan_info,
     )

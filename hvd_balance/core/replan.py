@@ -116,7 +116,8 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
         plan: the plan in force while ``busy_s`` was measured.
         busy_s: mean busy seconds per step of each rank (finite, > 0).
         threshold: minimum predicted gain (fraction of the step time) to change the plan.
-        method: the planner's method.
+        method: the planner's method; the new plan keeps ``plan``'s caps and floors
+            (``max_batch_sizes``, ``min_batch_sizes``).
         noise: optional relative standard error of each rank's busy time; the plan changes
             only for a gain above ``threshold + 2 * max(noise)``.
         previous: optional ``(local_batch, busy_s)`` per rank from the window before.
@@ -138,6 +139,7 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
     curves = corrected_curves(plan, busy, previous)
     current = max(busy)
     proposal = plan_batches(curves, plan.global_batch_size, max_batch_sizes=plan.max_batch_sizes,
+                            min_batch_sizes=plan.min_batch_sizes,
                             method=method, hosts=plan.hosts, devices=plan.devices)
     gain = 1.0 - proposal.predicted_makespan_s / current
     efficiency = balance_efficiency(busy)

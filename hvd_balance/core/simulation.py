@@ -221,7 +221,8 @@ def _drifted_ranks(n: int, fraction: float, seed: int) -> np.ndarray:
 def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[int] = None,
              noise: float = 0.03, drift_step: Optional[int] = None, drift_fraction: float = 0.1,
              drift_factor: float = 2.0, replan_every: int = 50, threshold: float = DEFAULT_THRESHOLD,
-             seed: int = 0, curves: Optional[np.ndarray] = None, series: bool = True) -> dict:
+             seed: int = 0, curves: Optional[np.ndarray] = None, series: bool = True,
+             min_batch_size: Optional[int] = None) -> dict:
     """Run ``steps`` synchronous training steps under every strategy and measure them.
 
     Args:
@@ -240,13 +241,16 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
         seed: seeds the benchmark noise, the drifting ranks and the per-step noise.
         curves: benchmark curves to plan from, (N, K, 2); default :func:`benchmark_curves`.
         series: keep the per-step series (for plots) in the result.
+        min_batch_size: a floor on every rank's planned local batch, in samples (the
+            planners' ``min_batch_sizes``; re-plans keep it); uniform ignores it.
 
     Returns:
         A JSON-ready dict: ``config``, ``cluster``, ``strategies`` (per strategy: mean step
         seconds, samples/s, efficiency overall, before and after the drift, idle
         GPU-hours per 1000 steps, predicted step seconds of its first plan, speedup over
-        uniform, re-plans), ``replans`` (step and predicted gain of each), ``series`` and
-        ``timing`` (wall-clock seconds, the only part that varies between runs).
+        uniform, re-plans, the smallest local batch any of its plans gave a rank),
+        ``replans`` (step and predicted gain of each), ``series`` and ``timing``
+        (wall-clock seconds, the only part that varies between runs).
 
     Example:
         >>> result = simulate(make_cluster(16), steps=100, seed=1, series=False)
@@ -266,10 +270,11 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
         curves = benchmark_curves(cluster, noise, seed)
     timing = {}
     start = time.perf_counter()
-    proportional = plan_batches(curves, global_batch_size, caps, method="proportional")
+    proportional = plan_batches(curves, global_batch_size, caps, method="proportional",
+                                min_batch_sizes=min_batch_size)
     timing["plan_proportional_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    static = plan_batches(curves, global_batch_size, caps)
+    static = plan_batches(curves, global_batch_size, caps, min_batch_sizes=min_batch_size)
     timing["plan_minmax_s"] = time.perf_counter() - start
     uniform = Plan.uniform(global_batch_size, n)
     logger.info("planned %d ranks: minmax %.1f ms, proportional %.1f ms", n,
@@ -281,6 +286,7 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
         logger.warning("uniform gives %d ranks more than their memory cap; simulated anyway", over_caps)
     predicted = {s: float(predict_step_s(curves, b).max()) for s, b in batches.items()}
     base_s = {s: cluster.step_s(b) for s, b in batches.items()}
+    smallest = {s: int(b.min()) for s, b in batches.items()}  # smallest local batch used
     adaptive_plan, previous = static, None  # what the adaptive strategy has learned
     makespan = {s: np.empty(steps) for s in STRATEGIES}
     efficiency = {s: np.empty(steps) for s in STRATEGIES}
@@ -310,6 +316,7 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
                 if decision.changed:
                     batches[s] = np.array(adaptive_plan.batch_sizes)
                     base_s[s] = cluster.step_s(batches[s])
+                    smallest[s] = min(smallest[s], int(batches[s].min()))
                     replans.append({"step": s1, "predicted_gain": decision.gain,
                                     "predicted_step_s": adaptive_plan.predicted_makespan_s})
                     logger.info("step %d: adaptive re-plan, predicted gain %.1f%%", s1,
@@ -330,6 +337,7 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
             "idle_gpu_hours_per_1000_steps": float(idle[s].mean()) * 1000 / 3600,
             "predicted_step_s": predicted[s],
             "replans": len(replans) if s == "adaptive" else 0,
+            "smallest_local_batch": smallest[s],
         }
     for s in STRATEGIES:
         strategies[s]["speedup_vs_uniform"] = strategies["uniform"]["step_s"] / strategies[s]["step_s"]
@@ -337,7 +345,8 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
         "config": {"ranks": n, "steps": steps, "global_batch_size": global_batch_size, "seed": seed,
                    "noise": noise, "drift_step": drift_step, "drift_fraction": drift_fraction,
                    "drift_factor": drift_factor, "drift_ranks": int(drifting.sum()),
-                   "replan_every": replan_every, "threshold": threshold},
+                   "replan_every": replan_every, "threshold": threshold,
+                   "min_batch_size": min_batch_size},
         "cluster": {"kinds": cluster.counts(),
                     "profiles": {k: dataclasses.asdict(DEVICES[k]) for k in cluster.kinds},
                     "uniform_ranks_over_cap": over_caps},

@@ -263,3 +263,60 @@ ranks:
 """
     pf = plan_file.parse(text)
     assert pf.plan.batch_sizes == (7, 3) and pf.plan.method == "given" and pf.made_with == {}
+
+
+# ---------------------------------------------------------------------------- floors
+
+def floored_text():
+    plan = full_plan(min_batch_sizes=[None, 8, 8])
+    return plan, plan_file.to_yaml(plan, made_with={"hvd_balance": "0.1.0"}, created="2025-01-01T00:00:00Z")
+
+
+@pytest.mark.timeout(30)
+def test_floors_round_trip_and_show_in_the_file_and_table(tmp_path):
+    plan, text = floored_text()
+    assert plan.min_batch_sizes == (1, 8, 8) and min(plan.batch_sizes[1:]) >= 8
+    path = str(tmp_path / "plan.yaml")
+    plan.save(path)
+    assert Plan.load(path) == plan
+    data = yaml.safe_load(open(path))
+    assert [r["min_batch_size"] for r in data["ranks"]] == [1, 8, 8]
+    header = plan.table().splitlines()[1].split()
+    assert header[-4:] == ["min", "batch", "max", "batch"]
+
+
+@pytest.mark.timeout(30)
+def test_a_file_without_floors_loads_with_none():
+    pf = plan_file.parse(valid_text())
+    assert "min_batch_size" not in valid_text() and pf.plan.min_batch_sizes is None
+    assert pf.plan == full_plan()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("old, new, message", [
+    ("min_batch_size: 8", "min_batch_size: 40", "rank 1: ranks[1].local_batch {b1} is below its min_batch_size 40"),
+    ("min_batch_size: 1", "min_batch_size: 0", "ranks[0].min_batch_size must be an integer >= 1; got 0"),
+    ("min_batch_size: 1", "min_batch_size: 4.5", "ranks[0].min_batch_size must be an integer >= 1; got 4.5"),
+])
+def test_a_plan_violating_its_floors_is_refused_naming_the_rank(old, new, message):
+    plan, text = floored_text()
+    assert old in text
+    text = text.replace(old, new, 1)
+    with pytest.raises(ValueError) as err:
+        plan_file.parse(text, source="p.yaml")
+    assert message.format(b1=plan.batch_sizes[1]) in str(err.value), str(err.value)
+    d = plan.to_dict()
+    d["min_batch_sizes"] = [1, plan.batch_sizes[1] + 1, 8]
+    with pytest.raises(ValueError, match=rf"rank 1: ranks\[1\].local_batch {plan.batch_sizes[1]} is below"):
+        Plan.from_dict(d)
+
+
+@pytest.mark.timeout(30)
+def test_a_floor_above_its_cap_is_refused_naming_the_rank():
+    plan, text = floored_text()
+    # rank 2 is capped at 32: its batch is at most 32, so a floor of 33 cannot hold
+    edited = text.replace("max_batch_size: 32\n  min_batch_size: 8", "max_batch_size: 32\n  min_batch_size: 33")
+    assert edited != text
+    with pytest.raises(ValueError, match=rf"rank 2: ranks\[2\].local_batch {plan.batch_sizes[2]} is "
+                                         r"below its min_batch_size 33"):
+        plan_file.parse(edited)

@@ -33,13 +33,15 @@ def reference_time(points, local_batch):
     return float(np.interp(local_batch, bs, ts))
 
 
-def brute_force_makespan(curves, global_batch, caps):
-    """The smallest slowest-rank time over every integer split of the global batch."""
+def brute_force_makespan(curves, global_batch, caps, floors=None):
+    """The smallest slowest-rank time over every integer split of the global batch with
+    ``floors[i] <= b_i <= caps[i]`` (floors default to 1)."""
     n = len(curves)
+    floors = floors or [1] * n
     best = math.inf
-    for split in itertools.product(*(range(1, c + 1) for c in caps[:-1])):
+    for split in itertools.product(*(range(f, c + 1) for f, c in zip(floors[:-1], caps[:-1]))):
         last = global_batch - sum(split)
-        if not 1 <= last <= caps[-1]:
+        if not floors[-1] <= last <= caps[-1]:
             continue
         batches = split + (last,)
         best = min(best, max(reference_time(curves[i], batches[i]) for i in range(n)))
@@ -392,3 +394,105 @@ def test_plan_dict_round_trip():
     assert Plan.from_dict(d) == plan
     assert d["batch_sizes"] == list(plan.batch_sizes)
     assert Plan.from_dict(Plan.from_batch_sizes([5, 17, 42]).to_dict()) == Plan.from_batch_sizes([5, 17, 42])
+
+
+# ---------------------------------------------------------------- floors (min_batch_sizes)
+
+def random_bounds(rng, n, global_batch):
+    """Random per-rank floors and caps (samples) with floor <= cap and a feasible sum."""
+    caps = [int(c) for c in rng.integers(1, max(2, 3 * global_batch // n) + 1, size=n)]
+    caps[int(rng.integers(n))] += max(0, global_batch - sum(caps))
+    share = global_batch // n  # floors of at most B / N each add up to at most B
+    floors = [int(rng.integers(1, min(c, share) + 1)) if rng.random() < 0.7 else 1 for c in caps]
+    return floors, caps
+
+
+@pytest.mark.parametrize("linear", [True, False])
+def test_minmax_with_floors_and_caps_equals_brute_force(linear):
+    rng = np.random.default_rng(20 + linear)
+    checked = 0
+    for _ in range(300):
+        n = int(rng.integers(2, 5))
+        global_batch = int(rng.integers(n, 15))
+        curves = [random_curve(rng, linear) for _ in range(n)]
+        floors, caps = random_bounds(rng, n, global_batch)
+        plan = plan_batches(curves, global_batch, caps, min_batch_sizes=floors)
+        assert sum(plan.batch_sizes) == global_batch
+        assert all(f <= b <= c for f, b, c in zip(floors, plan.batch_sizes, caps)), (floors, caps, plan)
+        best = brute_force_makespan(curves, global_batch, caps, floors)
+        got = makespan(curves, plan.batch_sizes)
+        assert got == pytest.approx(best, rel=1e-9, abs=1e-15), (curves, global_batch, floors, caps)
+        assert plan.min_batch_sizes == tuple(floors)
+        checked += max(floors) > 1
+    assert checked > 100  # most cases really had a floor above 1
+
+
+@pytest.mark.parametrize("method", ["minmax", "proportional"])
+def test_floors_are_respected_on_larger_instances(method):
+    rng = np.random.default_rng(22)
+    for _ in range(100):
+        n = int(rng.integers(2, 40))
+        global_batch = int(rng.integers(4 * n, 40 * n))
+        entries = [float(rng.uniform(1, 500)) if rng.random() < 0.5 else random_curve(rng, False)
+                   for _ in range(n)]
+        floors, caps = random_bounds(rng, n, global_batch)
+        plan = plan_batches(entries, global_batch, caps, method=method, min_batch_sizes=floors)
+        assert sum(plan.batch_sizes) == global_batch
+        assert all(f <= b <= c for f, b, c in zip(floors, plan.batch_sizes, caps))
+
+
+def test_proportional_with_floors_is_clipped_proportional():
+    # b_i = clip(lam r_i, l_i, m_i): the 10 samples/s rank gets its floor, the others share
+    # the remaining 112 samples 3:1 (their shares stay above their floors).
+    plan = plan_batches([300.0, 100.0, 10.0], 128, method="proportional", min_batch_sizes=16)
+    assert plan.batch_sizes == (84, 28, 16)
+
+
+def test_a_floor_lifts_the_slow_rank_of_the_demo():
+    # The demo's emulated 1.0 / 0.25-core pair, with the slow rank's fixed cost: planned
+    # [125, 3] without a floor (batch normalization then fails); the floor gives it 16.
+    curves = [[(32, 0.016), (64, 0.024)], [(1, 0.100), (32, 0.150)]]
+    assert plan_batches(curves, 128).batch_sizes[1] < 16
+    plan = plan_batches(curves, 128, min_batch_sizes=[None, 16])
+    assert plan.batch_sizes == (112, 16) and plan.min_batch_sizes == (1, 16)
+
+
+@pytest.mark.parametrize("method", ["minmax", "proportional"])
+def test_floors_of_one_or_below_the_plan_change_nothing(method):
+    rng = np.random.default_rng(23)
+    for _ in range(100):
+        n = int(rng.integers(1, 12))
+        global_batch = int(rng.integers(n, 40 * n))
+        entries = [float(rng.uniform(1, 500)) if rng.random() < 0.5 else random_curve(rng, False)
+                   for _ in range(n)]
+        free = plan_batches(entries, global_batch, method=method)
+        assert plan_batches(entries, global_batch, method=method, min_batch_sizes=1).batch_sizes \
+            == free.batch_sizes
+        # floors the free plan already meets leave it unchanged too
+        met = plan_batches(entries, global_batch, method=method, min_batch_sizes=list(free.batch_sizes))
+        assert met.batch_sizes == free.batch_sizes
+        assert free.min_batch_sizes is None
+
+
+def test_floors_survive_a_plan_dict_round_trip():
+    plan = plan_batches([300.0, 10.0], 64, min_batch_sizes=[None, 8])
+    assert Plan.from_dict(plan.to_dict()) == plan
+
+
+@pytest.mark.parametrize("global_batch, floors, caps, named", [
+    (64, [40, 40], None, "min_batch_sizes=[40, 40] add up to 80 samples over 2 ranks, more than the global batch 64"),
+    (64, 40, None, "min_batch_sizes=40 add up to 80 samples"),
+    (64, [8, 32], [48, 16], "rank 1: min_batch_sizes[1]=32 exceeds max_batch_sizes[1]=16"),
+    (64, [8, 0], None, "min_batch_sizes[1] must be an integer >= 1 or None; got 0"),
+    (64, [8, 2.5], None, "min_batch_sizes[1] must be an integer >= 1 or None; got 2.5"),
+    (64, "16", None, "min_batch_sizes must be an integer or a list with one entry per rank; got '16'"),
+    (64, 0, None, "min_batch_sizes must be an integer >= 1 or None; got 0"),
+    (64, [8], None, "min_batch_sizes has 1 entries for 2 ranks: [8]"),
+    (64, [8, 8], [20, 20], "the memory caps max_batch_sizes=[20, 20] add up to 40 samples"),
+])
+@pytest.mark.parametrize("method", ["minmax", "proportional"])
+def test_impossible_or_bad_floors_are_refused_naming_them(global_batch, floors, caps, named, method):
+    with pytest.raises(ValueError) as err:
+        plan_batches([300.0, 100.0], global_batch, caps, method=method, min_batch_sizes=floors)
+    assert named in str(err.value), str(err.value)
+

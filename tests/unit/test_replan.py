@@ -76,3 +76,21 @@ def test_corrected_curves_pass_through_the_measurements():
 def test_bad_measurements(busy, message):
     with pytest.raises(ValueError, match=message):
         decide(Plan.from_batch_sizes([8, 8]), busy)
+
+
+def test_a_re_plan_keeps_the_floors():
+    # Rank 1 turns 20x slower: without a floor the re-plan gives it a handful of samples
+    # (the demo's [127, 1]); with min_batch_sizes=16 it keeps 16 and the plan remembers it.
+    curve = [(b, 0.002 + 0.0001 * b) for b in (32, 64, 128)]
+    true = [affine(0.002, 0.0001), affine(0.040, 0.0020)]
+    free = plan_batches([curve, curve], 128)
+    floored = plan_batches([curve, curve], 128, min_batch_sizes=16)
+    assert floored.batch_sizes == free.batch_sizes == (64, 64)
+    d_free = decide(free, [t(b) for t, b in zip(true, free.batch_sizes)])
+    assert d_free.changed and d_free.plan.batch_sizes[1] < 16
+    d = decide(floored, [t(b) for t, b in zip(true, floored.batch_sizes)])
+    assert d.changed and d.plan.batch_sizes == (112, 16)
+    assert d.plan.min_batch_sizes == (16, 16)
+    # kept plans keep them too
+    again = decide(d.plan, [t(b) for t, b in zip(true, d.plan.batch_sizes)])
+    assert not again.changed and again.plan.min_batch_sizes == (16, 16)
