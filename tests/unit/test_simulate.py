@@ -245,3 +245,22 @@ def test_a_floor_holds_for_every_strategy_but_uniform_and_through_re_plans():
     for s in ("static", "proportional", "adaptive"):
         assert floored["strategies"][s]["smallest_local_batch"] >= 24, s
     assert floored["config"]["min_batch_size"] == 24
+
+
+def test_a_floor_holds_for_every_strategy_but_uniform_and_through_re_plans():
+    # CPU ranks among GPUs get a few samples; after a third of the ranks slow down 3x the
+    # adaptive re-plan gives one a single sample. A floor holds for the static, paper's and
+    # adaptive plans, also through that re-plan.
+    cluster = sim.make_cluster(32, seed=3)
+
+    def run(floor):
+        return sim.simulate(cluster, steps=200, drift_step=50, drift_fraction=0.3, drift_factor=3.0,
+                            replan_every=25, seed=3, series=False, min_batch_size=floor)
+
+    free, floored = run(None), run(3)
+    assert free["strategies"]["adaptive"]["smallest_local_batch"] < 3
+    assert floored["strategies"]["adaptive"]["replans"] >= 1
+    for floor, result in ((3, floored), (24, run(24))):
+        assert result["config"]["min_batch_size"] == floor
+        for s in ("static", "proportional", "adaptive"):
+            assert result["strategies"][s]["smallest_local_batch"] >= floor, (floor, s)
