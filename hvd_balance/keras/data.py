@@ -98,7 +98,10 @@ class BalancedData(tf.data.Dataset):
     def __init__(self, x, y=None, *, global_batch_size: int, seed: int = 0, shuffle: bool = True,
                  load_fn: Optional[Callable[..., Any]] = None, rank: Optional[int] = None,
                  world_size: Optional[int] = None, segment_steps: Optional[int] = None,
-                 prefetch: Optional[int] = None):
+                 prefetch: Optional[int] = None, _stream=None):
+        # _stream (from_dataset): a forward-only source of the examples at the positions
+        # x holds (sources.DatasetStream), read in order instead of indexing x.
+        self._stream = _stream
         self.rank = collective.rank() if rank is None else int(rank)
         self.world_size = collective.size() if world_size is None else int(world_size)
         n = _length("x", x)
@@ -135,6 +138,113 @@ class BalancedData(tf.data.Dataset):
         self._prefetch = 2 if prefetch is None else prefetch
         self._pipeline = self._make_pipeline(self._batches, self.steps)
         super().__init__(self._pipeline._variant_tensor)
+
+    # -- other input pipelines (sources.py) --------------------------------------------------
+    @classmethod
+    def from_tfrecords(cls, files, parse_fn: Callable[..., Any], *, global_batch_size: int,
+                       seed: int = 0, index_dir: Optional[str] = None, **kwargs) -> "BalancedData":
+        """Balanced batches from TFRecord files, each rank reading and parsing only its records.
+
+        Args:
+            files: a glob pattern or a list of paths, in the order that numbers the records.
+            parse_fn: TF function mapping one serialized record (a scalar ``tf.string``) to
+                one example, e.g. ``(image, label)``; run with ``tf.data`` ``map``.
+            global_batch_size, seed: as for ``BalancedData``.
+            index_dir: where the record index is cached (default: beside each file; a folder
+                that cannot be written to just means no cache).
+            **kwargs: the other ``BalancedData`` arguments (``shuffle``, ``segment_steps``, ...).
+
+        Raises:
+            FileNotFoundError: a file or pattern that names nothing.
+            ValueError: a corrupt or truncated record (named by file and record number),
+                compressed files, or a ``parse_fn`` that fails on the first record.
+
+        Example:
+            ```python
+            data = hvd_balance.BalancedData.from_tfrecords(
+                "train-*.tfrecord", parse_fn, global_batch_size=256, seed=0)
+            ```
+        """
+        from . import sources  # noqa: PLC0415 (sources needs no data.py; see its docstring)
+        return sources.from_tfrecords(cls, files, parse_fn, global_batch_size=global_batch_size,
+                                      seed=seed, index_dir=index_dir, **kwargs)
+
+    @classmethod
+    def from_tfds(cls, name: str, split: str, *, global_batch_size: int,
+                  data_dir: Optional[str] = None, as_supervised: bool = False,
+                  map_fn: Optional[Callable[..., Any]] = None, index_dir: Optional[str] = None,
+                  **kwargs) -> "BalancedData":
+        """Balanced batches from a prepared TensorFlow Datasets split, read as ``from_tfrecords``.
+
+        Args:
+            name: the data set's registered name (``"mnist"``, ``"my_dataset:1.0.0"``).
+            split: a split or a slice of one (``"train"``, ``"train[:80%]"``).
+            global_batch_size: as for ``BalancedData``.
+            data_dir: the data set's ``data_dir`` (default: tfds's). Nothing is downloaded:
+                prepare it first (``tfds build`` or ``builder.download_and_prepare()``).
+            as_supervised: examples as ``(input, label)`` by the builder's supervised keys
+                (else the decoded feature dict).
+            map_fn: optional TF function applied to each decoded example (augmentation, ...).
+            index_dir: as for ``from_tfrecords``.
+            **kwargs: the other ``BalancedData`` arguments.
+
+        Raises:
+            ImportError: ``tensorflow_datasets`` is not installed.
+            ValueError: an unprepared data set, an unknown or empty split, a file format other
+                than TFRecord.
+
+        Example:
+            ```python
+            data = hvd_balance.BalancedData.from_tfds(
+                "mnist", "train", global_batch_size=256, as_supervised=True)
+            ```
+        """
+        from . import sources  # noqa: PLC0415
+        return sources.from_tfds(cls, name, split, global_batch_size=global_batch_size,
+                                 data_dir=data_dir, as_supervised=as_supervised, map_fn=map_fn,
+                                 index_dir=index_dir, **kwargs)
+
+    @classmethod
+    def from_dataset(cls, dataset: tf.data.Dataset, *, global_batch_size: int,
+                     map_fn: Optional[Callable[..., Any]] = None,
+                     steps_per_epoch: Optional[int] = None, **kwargs) -> "BalancedData":
+        """Balanced batches from a ``tf.data.Dataset`` of single, un-mapped examples.
+
+        Position ``p`` of the dataset's order plays sample ``p`` of an unshuffled
+        ``BalancedData``: every rank iterates the elements of every global batch (cheap when
+        they are file names or serialized records) and keeps, and passes to ``map_fn``, only
+        its own. So every rank must see the same order: a dataset that shuffles must be
+        deterministic (``shuffle(n, seed=s)``, no ``deterministic=False``; a seeded shuffle
+        reshuffles at each new pass, the same way on every rank as long as every rank makes
+        the same passes: iterate it nowhere else), and the ranks get the examples one process
+        would. A finite dataset is read from its start every
+        epoch (``steps = cardinality // B``, or ``steps_per_epoch``); an infinite one
+        continues, epoch ``e`` covering elements ``[e S B, (e + 1) S B)``.
+
+        Args:
+            dataset: single examples with fully known shapes (a ``None`` dimension is refused:
+                a leading one means a batched dataset; ``dataset.unbatch()`` undoes it).
+            global_batch_size: as for ``BalancedData``.
+            map_fn: optional TF function applied, on each rank, to its own elements only.
+            steps_per_epoch: required for an infinite or unknown-length dataset.
+            **kwargs: the other ``BalancedData`` arguments except ``shuffle`` and ``seed``
+                (the dataset orders itself).
+
+        Raises:
+            ValueError: an infinite or unknown-length dataset without ``steps_per_epoch``, too
+                few elements, a batched or variable-shape element.
+
+        Example:
+            ```python
+            files = tf.data.Dataset.list_files("images/*.jpg", shuffle=True, seed=0)
+            data = hvd_balance.BalancedData.from_dataset(
+                files.map(lambda f: (f, label_of(f))), map_fn=decode_and_augment,
+                global_batch_size=256)
+            ```
+        """
+        from . import sources  # noqa: PLC0415
+        return sources.from_dataset(cls, dataset, global_batch_size=global_batch_size,
+                                    map_fn=map_fn, steps_per_epoch=steps_per_epoch, **kwargs)
 
     # -- tf.data.Dataset protocol -------------------------------------------------------
     @property
@@ -282,13 +392,15 @@ class BalancedData(tf.data.Dataset):
         return ds.with_options(options)
 
     def _batch_spec(self):
+        if self._stream is not None:
+            return self._stream.batch_spec
         if self.load_fn is not None:
             keys = _spec(self.x)
             return keys if self.y is None else (keys, _spec(self.y))
         return _spec(self.x) if self.y is None else (_spec(self.x), _spec(self.y))
 
-    def _batches(self, start_step: int = 0):
-        """This rank's batches (or keys) from ``start_step`` to the end of the epoch.
+    def _index_batches(self, start_step: int = 0):
+        """This rank's sample indices, one array a step, from ``start_step`` to the epoch's end.
 
         Each segment's plan is read when the pipeline reaches the segment, so a plan set one
         segment ahead takes effect there.
@@ -298,13 +410,19 @@ class BalancedData(tf.data.Dataset):
         step = start_step
         while step < self.steps:
             first, end = self.segment(step)
-            block = self._block(order, first, end, self.plan_at(epoch, first), rank)
-            for index in block[step - first:]:
-                if self.y is None:
-                    yield _take(self.x, index)
-                else:
-                    yield _take(self.x, index), _take(self.y, index)
+            yield from self._block(order, first, end, self.plan_at(epoch, first), rank)[step - first:]
             step = end
+
+    def _batches(self, start_step: int = 0):
+        """This rank's batches (or keys) from ``start_step`` to the end of the epoch."""
+        if self._stream is not None:
+            yield from self._stream.batches(self._index_batches(start_step), self.epoch)
+            return
+        for index in self._index_batches(start_step):
+            if self.y is None:
+                yield _take(self.x, index)
+            else:
+                yield _take(self.x, index), _take(self.y, index)
 
     def _load_batch(self, *batch):
         size = tf.shape(tf.nest.flatten(batch[0])[0])[0]
