@@ -77,6 +77,16 @@ if ! have "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION" ${extra_pkgs[@]+"${ext
     "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "${deps[@]}" "psutil>=5" "cmake<4" wheel setuptools
 fi
 
+# TensorFlow Datasets, for BalancedData.from_tfds only (hvd_balance imports it there alone).
+# Its metadata protos above 1.17 need protobuf 5, which TF 2.15 refuses: keep its protobuf.
+TFDS_VERSION=4.9.10
+tfds_pkgs=("tensorflow-datasets==$TFDS_VERSION")
+[ "$stack" = keras2 ] && tfds_pkgs+=("tensorflow-metadata==1.17.3" "protobuf<5")
+if ! have "tensorflow-datasets==$TFDS_VERSION"; then
+  log "installing ${tfds_pkgs[*]} ($stack stack)"
+  vpip install -q "${tfds_pkgs[@]}" "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION"
+fi
+
 # Legacy Keras (tf-keras) is only what tf.keras means with TF_USE_LEGACY_KERAS=1.
 keras_env=()
 [ "$stack" = tf-keras ] && keras_env=(TF_USE_LEGACY_KERAS=1)
