@@ -32,6 +32,8 @@ _LAZY = {
     "StepTelemetry": "telemetry",
     "pin_devices": "pinning",
     "probe_max_batch": "memory_probe",
+    "SyncBatchNormalization": "sync_batch_norm",
+    "convert_sync_batchnorm": "sync_batch_norm",
 }
 # Modules of the public API, under the names the README uses (``from hvd_balance import watchdog``).
 _LAZY_MODULES = {"watchdog": "keras.watchdog", "elastic": "keras.elastic"}

@@ -34,6 +34,7 @@ from horovod.tensorflow import (  # noqa: E402,F401 - re-exported: Horovod's nam
 
 from . import callbacks, elastic  # noqa: E402,F401
 from .optimizer import DistributedOptimizer, load_model  # noqa: E402,F401
+from .sync_batch_norm import SyncBatchNormalization, convert_sync_batchnorm  # noqa: E402,F401
 
 
 def _run(op, value, name, **kwargs):
@@ -81,4 +82,5 @@ __all__ = [
     "rocm_built", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "Average", "Sum", "Compression", "DistributedOptimizer", "broadcast_global_variables",
     "allreduce", "allgather", "broadcast", "reducescatter", "load_model", "callbacks", "elastic",
+    "SyncBatchNormalization", "convert_sync_batchnorm",
 ]

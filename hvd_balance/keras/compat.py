@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import warnings
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -397,3 +397,54 @@ def check_not_jit_compiled(model, who: str) -> None:
         raise ValueError(
             f"{who}: the model is compiled with jit_compile=True, but Horovod's allreduce cannot "
             "run inside an XLA-compiled step: compile with jit_compile=False")
+
+
+# -- batch normalization ------------------------------------------------------------------
+
+class BatchNormConventions(NamedTuple):
+    """How this Keras's ``BatchNormalization`` computes its training statistics, so that a
+    synchronized layer matches it on the global batch.
+
+    ``uses_mask``: whether a mask weights the statistics (Keras 2's fused path ignores it);
+    ``mask_count_epsilon``: added to a masked count before dividing (Keras 3 adds
+    ``backend.epsilon()``, Keras 2's ``tf.nn.weighted_moments`` nothing);
+    ``unbiased_moving_variance``: whether the moving variance is fed the Bessel-corrected
+    (n / (n - 1)) batch variance: Keras 2's fused kernel (4-D and 5-D inputs) does, the
+    normalization itself always uses the biased one.
+    """
+
+    uses_mask: bool
+    mask_count_epsilon: float
+    unbiased_moving_variance: bool
+
+
+def batch_norm_conventions(layer) -> BatchNormConventions:
+    """The conventions of a built ``BatchNormalization`` ``layer`` (Keras 2 decides ``fused``
+    in ``build`` from the input rank and axis)."""
+    if KERAS3:
+        return BatchNormConventions(True, float(keras.backend.epsilon()), False)
+    fused = bool(getattr(layer, "fused", False))
+    return BatchNormConventions(not fused, 0.0, fused)
+
+
+def batch_norm_training(layer, training):
+    """Whether a ``BatchNormalization`` call normalizes with the batch's statistics: True,
+    False or (Keras 2, rarely) a boolean tensor. A frozen layer (``trainable=False``) runs in
+    inference mode on both Kerases; Keras 2 reads ``training=None`` from the learning phase
+    (its private ``_get_training_value``), Keras 3 treats it as False."""
+    if not KERAS3:
+        return layer._get_training_value(training)
+    if not layer.trainable or training is None:
+        return False
+    return training if tf.is_tensor(training) else bool(training)
+
+
+def batch_norm_unsupported_options(layer) -> dict:
+    """The options of ``layer`` a synchronized batch normalization does not implement, with
+    their values (Keras 3: ``renorm``; Keras 2 also ``virtual_batch_size`` and ``adjustment``)."""
+    found = {}
+    for option in ("renorm", "virtual_batch_size", "adjustment"):
+        value = getattr(layer, option, None)
+        if value:
+            found[option] = value
+    return found
