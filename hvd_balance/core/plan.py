@@ -127,6 +127,22 @@ class Plan:
         base, extra = divmod(int(global_batch_size), int(world_size))
         return cls.from_batch_sizes([base + (i < extra) for i in range(world_size)], method="uniform")
 
+    def with_floors(self, min_batch_sizes) -> "Plan":
+        """This plan with per-rank floors (``min_batch_sizes``: one int for every rank, or one
+        entry per rank, in samples) that later re-plans keep; ``None`` returns it unchanged.
+
+        Raises:
+            ValueError: a local batch below its floor (naming the rank), or a floor that is
+                not an integer >= 1 or a list of one per rank.
+        """
+        if min_batch_sizes is None:
+            return self
+        if isinstance(min_batch_sizes, (list, tuple)):
+            floors = list(min_batch_sizes)
+        else:
+            floors = [min_batch_sizes] * self.world_size
+        return Plan.from_dict({**self.to_dict(), "min_batch_sizes": floors})
+
     @property
     def world_size(self) -> int:
         return len(self.batch_sizes)

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from . import collective, compat, plan_sync
+from . import collective, compat, plan_sync, small_batch_check
 from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
@@ -51,6 +51,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         max_batch_size: memory cap on the local batch, in samples: this rank's cap (an int,
             may differ per rank), ``"probe"`` (find it by trying), or the same per-rank list
             or per-device mapping (``{"gpu": 512, "cpu": 64}``) on every rank.
+        min_batch_size: floor on the local batch, in samples (one int, or one per rank,
+            the same on every rank): the plan and every re-plan give each rank at least
+            this many (for batch normalization, which a rank computes on its own few samples
+            otherwise). With a given ``plan`` (or ``benchmark=False``'s equal start) the
+            plan's batches must meet it. Without it, rank 0 warns
+            (:class:`~hvd_balance.keras.small_batch_check.SmallBatchWarning`) at train begin
+            when the model has unsynchronized ``BatchNormalization`` and a rank's batch is
+            below 16 samples.
         benchmark: ``True`` (default) times every rank's step before the first epoch;
             ``False`` skips that phase: training starts from equal batches and re-planning
             (``rebalance``, required then) finds the balance from the telemetry of the real
@@ -90,7 +98,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def __init__(self, data: BalancedData, plan: Union[Plan, dict, str, None] = None, *,
                  validation_data: Optional[BalancedData] = None, method: str = "minmax",
-                 max_batch_size=None, benchmark: bool = True,
+                 max_batch_size=None, min_batch_size=None, benchmark: bool = True,
                  benchmark_batches: Optional[Sequence[int]] = None,
                  repeats: int = 5, rebalance: Union[str, int] = "off", threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1):
@@ -121,6 +129,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.validation_data = validation_data
         self.method = method
         self.max_batch_size = max_batch_size
+        self.min_batch_size = min_batch_size
         self.benchmark_batches = benchmark_batches
         self.repeats = repeats
         self.rebalance = rebalance
@@ -170,7 +179,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             global_batch_size=data.global_batch_size, seed=data.seed, shuffle=data.shuffle,
             num_samples=data.num_samples, steps=data.steps, segment_steps=data.segment_steps,
             rebalance=self.rebalance, plan_given=self.given_plan is not None,
-            benchmark=self.benchmark, parameters=parameters)
+            benchmark=self.benchmark, parameters=parameters, min_batch_size=self.min_batch_size)
         if self.given_plan is not None:
             plan = plan_sync.resolve_given_plan(self.given_plan, data)
         elif not self.benchmark:
@@ -178,10 +187,17 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         else:
             plan = plan_sync.benchmark_and_plan(
                 self.model, data, method=self.method, max_batch_size=self.max_batch_size,
-                batch_sizes=self.benchmark_batches, repeats=self.repeats)
+                batch_sizes=self.benchmark_batches, repeats=self.repeats,
+                min_batch_size=self.min_batch_size)
+        if self.min_batch_size is not None and (self.given_plan is not None or not self.benchmark):
+            # a given plan, or the equal start: it must meet the floors, and re-plans keep them
+            plan = collective.all_ok(lambda: plan.with_floors(self.min_batch_size),
+                                     name="hvd_balance.min_batch_size")
         self._apply(plan)
         if self.verbose and collective.rank() == 0:
             print(plan.table(), file=sys.stdout, flush=True)
+        if collective.rank() == 0:
+            small_batch_check.warn_small_batches(self.model, plan)
         telemetry = telemetry_of(self.model.optimizer)
         if telemetry is not None:
             telemetry.reset()

@@ -91,11 +91,12 @@ def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
 
 
 def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size: int,
-                           method: str = "minmax") -> Plan:
+                           method: str = "minmax", min_batch_size=None) -> Plan:
     """The plan for gathered :func:`measure_rank` results (pure; runs on rank 0).
 
     Each rank's ``max_batch_size`` is its own cap (an int or ``None``), or the same per-rank
     list or per-device mapping on every rank (resolved here over the gathered devices).
+    ``min_batch_size`` is the floor on every local batch (an int, or one per rank), in samples.
     """
     devices = [m["device"] for m in measurements]
     specs = [m["max_batch_size"] for m in measurements]
@@ -104,7 +105,7 @@ def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size
     else:
         caps = None if all(c is None for c in specs) else specs
     plan = plan_batches([m["curve"] for m in measurements], global_batch_size,
-                        max_batch_sizes=caps,
+                        max_batch_sizes=caps, min_batch_sizes=min_batch_size,
                         method=method, hosts=tuple(m["host"] for m in measurements),
                         devices=tuple(devices),
                         benchmark_s=max(m["benchmark_s"] for m in measurements))
@@ -112,7 +113,7 @@ def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size
 
 
 def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = "minmax",
-                       max_batch_size=None, batch_sizes=None,
+                       max_batch_size=None, batch_sizes=None, min_batch_size=None,
                        repeats: int = 5) -> Plan:
     """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks.
 
@@ -129,7 +130,7 @@ def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = 
 
     def plan(measurements):
         return collective.agree(
-            lambda: plan_from_measurements(measurements, data.global_batch_size, method),
+            lambda: plan_from_measurements(measurements, data.global_batch_size, method, min_batch_size),
             name="hvd_balance.plan")
 
     measurements = collective.allgather_object(

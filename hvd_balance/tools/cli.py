@@ -4,6 +4,7 @@ Subcommands (each has ``--help``)::
 
     hvd-balance plan --rates 300,100 --global-batch 64 -o plan.yaml
     hvd-balance plan --curves curves.yaml --global-batch 256 --max-batch gpu=512,cpu=64
+    hvd-balance plan --rates 500,10 -B 128 --min-batch-size 16   # a floor (batch norm)
     hvd-balance show plan.yaml [--world-size 4 --global-batch 256 --hosts a,a,b,b]
     hvd-balance devices gpu,gpu,cpu --gpus 2 --cpus 16
     hvd-balance launch hosts.txt [--dry-run] [horovodrun options] -- python train.py
@@ -72,6 +73,21 @@ def _parse_max_batch(text: str):
     return caps[0] if len(caps) == 1 else caps
 
 
+def _parse_min_batch(text: str):
+    """``"16"`` -> 16 (every rank); ``"none,16"`` -> one floor per rank (``none``: 1)."""
+    floors = []
+    for item in _split_list(text, "--min-batch-size"):
+        value = item.strip().lower()
+        if value in ("none", "-"):
+            floors.append(None)
+        elif value.isdigit():
+            floors.append(int(value))
+        else:
+            raise CommandError(f"--min-batch-size entry {item!r}: a floor is an integer number of "
+                               f"samples or 'none'")
+    return floors[0] if len(floors) == 1 else floors
+
+
 def _cap_value(value: str, item: str):
     value = value.strip().lower()
     if value in ("none", "-", ""):
@@ -97,7 +113,8 @@ def _read_curves(path: str):
         if not plan.curves:
             raise CommandError(f"plan file {path!r} holds no measured curves to plan from")
         info = {"hosts": list(plan.hosts), "devices": list(plan.devices),
-                "max_batch_sizes": plan.max_batch_sizes, "global_batch_size": plan.global_batch_size}
+                "max_batch_sizes": plan.max_batch_sizes, "global_batch_size": plan.global_batch_size,
+                "min_batch_sizes": plan.min_batch_sizes}
         return [list(c) for c in plan.curves], info
     if isinstance(data, dict):
         unknown = set(data) - {"curves", "rates", "hosts", "devices"}
@@ -145,8 +162,10 @@ def cmd_plan(args) -> int:
                                        world_size=n, global_batch_size=global_batch)
     else:
         caps = info.get("max_batch_sizes")
+    floors = (_parse_min_batch(args.min_batch_size) if args.min_batch_size is not None
+              else info.get("min_batch_sizes"))
     plan = plan_batches(entries, global_batch, max_batch_sizes=caps, method=args.method,
-                        hosts=tuple(hosts), devices=tuple(devices))
+                        min_batch_sizes=floors, hosts=tuple(hosts), devices=tuple(devices))
     print(plan.table())
     if args.output:
         plan.save(args.output)
@@ -294,6 +313,9 @@ def _parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--max-batch", metavar="CAPS",
                    help="memory caps: one number, one per rank ('64,none,32'), or by device "
                         "('gpu=512,cpu=64', 'T4=128')")
+    p.add_argument("--min-batch-size", "--min-batch", metavar="FLOORS",
+                   help="floor on each local batch in samples, e.g. 16 for batch normalization: "
+                        "one number, or one per rank ('none,16')")
     p.add_argument("--hosts", metavar="H0,H1,...", help="each rank's host, stored in the plan")
     p.add_argument("--devices", metavar="D0,D1,...", help="each rank's device, stored in the plan")
     p.add_argument("-o", "--output", metavar="PLAN.yaml", help="write the plan file here")

@@ -368,3 +368,38 @@ def test_sbatch_checks_a_plan_against_the_allocation(slurm_env, tmp_path):
 def test_sbatch_errors(slurm_env, env, message):
     out = run(["bash", SBATCH, "python", "train.py"], env=dict(slurm_env, **env))
     assert out.returncode == 2 and message in out.stderr
+
+
+@pytest.mark.timeout(60)
+def test_plan_with_min_batch_size_keeps_the_floor_and_re_plans_keep_it(tmp_path):
+    path = tmp_path / "floored.yaml"
+    free = hvd_balance("plan", "--rates", "500,10", "-B", "128")
+    assert free.returncode == 0, free.stderr
+    assert free.stdout.splitlines()[4].split()[4] == "2"  # rank 1's local batch without a floor
+    out = hvd_balance("plan", "--rates", "500,10", "-B", "128", "--min-batch-size", "16", "-o", path)
+    assert out.returncode == 0, out.stderr
+    assert "min batch" in out.stdout.splitlines()[1]
+    plan = Plan.load(str(path))
+    assert plan.batch_sizes == (112, 16) and plan.min_batch_sizes == (16, 16)
+    # re-planned from the file for another global batch, the floors come along
+    out = hvd_balance("plan", "--curves", path, "-B", "256", "-o", tmp_path / "again.yaml")
+    assert out.returncode == 0, out.stderr
+    again = Plan.load(str(tmp_path / "again.yaml"))
+    assert again.min_batch_sizes == (16, 16) and again.batch_sizes[1] == 16
+    out = hvd_balance("plan", "--rates", "500,10,10", "-B", "128", "--min-batch", "none,16,none",
+                      "--method", "proportional")
+    assert out.returncode == 0, out.stderr
+    assert [line.split()[4] for line in out.stdout.splitlines()[3:]] == ["110", "16", "2"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, message", [
+    (["--min-batch-size", "40"], "min_batch_sizes=40 add up to 80 samples over 2 ranks, more than the global batch 64"),
+    (["--min-batch-size", "8,40", "--max-batch", "none,32"], "rank 1: min_batch_sizes[1]=40 exceeds max_batch_sizes[1]=32"),
+    (["--min-batch-size", "8,x"], "--min-batch-size entry 'x': a floor is an integer number of samples or 'none'"),
+    (["--min-batch-size", "8,8,8"], "min_batch_sizes has 3 entries for 2 ranks"),
+])
+def test_plan_with_impossible_floors_exits_1_naming_them(args, message):
+    out = hvd_balance("plan", "--rates", "300,100", "-B", "64", *args)
+    assert out.returncode == 1, out.stdout
+    assert out.stderr.startswith("hvd-balance plan: ") and message in out.stderr, out.stderr
