@@ -20,9 +20,11 @@ killed, and :func:`teardown_stale` those of every run whose owner process is gon
 
 Command line (root)::
 
-    python -m hvd_balance.tools.netns_cluster up --hosts hostA,hostB --link hostB=1gbit/2ms
+    python -m hvd_balance.tools.netns_cluster up --hosts hostA,hostB --link hostB=1gbit
     python -m hvd_balance.tools.netns_cluster teardown --stale     # or --run-id ID, --all
     python -m hvd_balance.tools.netns_cluster list
+    python -m hvd_balance.tools.netns_cluster exec --run-id ID hostA -- python -m \\
+        hvd_balance.bench --smoke --hosts hostA:1,hostB:1
 """
 
 from __future__ import annotations
@@ -478,6 +480,23 @@ class NetnsCluster:
         self._sshd.clear()
 
 
+def attach(run_id: str) -> NetnsCluster:
+    """The running cluster ``run_id`` (made by another process, e.g. ``netns-cluster up``),
+    to run commands on with `NetnsCluster.ssh_command`; it stays owned by its maker."""
+    for path in _work_dirs(run_id):
+        try:
+            with open(os.path.join(path, OWNER_FILE)) as f:
+                owner = json.load(f)
+        except (OSError, ValueError):
+            continue
+        cluster = NetnsCluster(list(owner["hosts"]), run_id=run_id)
+        cluster.workdir = path
+        for host in cluster.hosts:
+            host.address = owner["hosts"][host.name]
+        return cluster
+    raise ClusterError(f"no running cluster {run_id!r}; running: {run_ids()}")
+
+
 def _process_start(pid: int) -> Optional[str]:
     """The start time of process ``pid`` (field 22 of /proc/pid/stat), so that a reused
     pid is not taken for the owner."""
@@ -635,8 +654,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     which.add_argument("--stale", action="store_true", help="runs whose owner is gone")
     which.add_argument("--all", action="store_true", help="every run, owners alive or not")
     sub.add_parser("list", help="the run ids with something left, and what")
+    run = sub.add_parser("exec", help="run a command on a host of a running cluster, through "
+                         "ssh from the repository, with this environment's variables")
+    run.add_argument("--run-id", required=True)
+    run.add_argument("host")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     args = parser.parse_args(argv)
     try:
+        if args.command == "exec":
+            argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+            if not argv:
+                raise ClusterError("exec: no command given after the host")
+            cluster = attach(args.run_id)
+            return subprocess.call(cluster.ssh_command(args.host, args.host, argv, os.environ))
         if args.command == "list":
             for run_id in run_ids():
                 state = "owner alive" if owner_alive(run_id) else "stale"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..emulate import RANK_ENV
@@ -50,7 +51,25 @@ def job_command(args, strategy: str, job_out: str) -> List[str]:
         cmd += ["--tf-data-autotune"]
     if args.patched_step_timer:
         cmd += ["--patched-step-timer"]
+    if args.hosts:
+        # Ranks on hosts of their own (a cluster, or scripts/cluster/netns-cluster's), whose
+        # speeds are theirs: plain horovodrun over ssh, the worker command unchanged.
+        horovodrun = Path(sys.executable).with_name("horovodrun")
+        cmd = [str(horovodrun) if horovodrun.exists() else "horovodrun",
+               "-np", str(hosts_ranks(args.hosts)), "-H", args.hosts, "--gloo",
+               *cmd[cmd.index("--") + 1:]]
     return cmd
+
+
+def hosts_ranks(hosts: str) -> int:
+    """The number of ranks in a horovodrun host list, ``"hostA:2,hostB:1"`` -> 3."""
+    total = 0
+    for entry in hosts.split(","):
+        name, _, slots = entry.rpartition(":")
+        if not name or not slots.isdigit() or int(slots) < 1:
+            raise SystemExit(f"hvd_balance.bench: --hosts entry {entry!r} is not HOST:SLOTS")
+        total += int(slots)
+    return total
 
 
 def run_job(cmd: List[str], env: Dict[str, str], log_path: str, timeout_s: float) -> Dict[str, Any]:
@@ -104,6 +123,12 @@ def run_driver(args, argv: Sequence[str]) -> int:
         if signal.getsignal(signum) == signal.SIG_DFL:
             signal.signal(signum, _exit_on_signal)
     shares = [float(s) for s in args.shares.split(",")]
+    if args.hosts and hosts_ranks(args.hosts) != len(shares):
+        raise SystemExit(f"hvd_balance.bench: --hosts {args.hosts} has {hosts_ranks(args.hosts)} "
+                         f"ranks, --shares {args.shares} {len(shares)}: give one share per rank "
+                         "(the hosts' own quotas, for the report)")
+    if args.hosts and args.step_delay_ms:
+        raise SystemExit("hvd_balance.bench: --step-delay-ms needs the emulation, not --hosts")
     delays = [float(d) for d in args.step_delay_ms.split(",")] if args.step_delay_ms else [0.0] * len(shares)
     strategies = [s.strip() for s in args.strategies.split(",")]
     for s in strategies:
@@ -236,6 +261,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn (16x16x1 images), mlp (256 features) or tiny (smoke tests)")
     p.add_argument("--shares", default="1.0,0.25", help="per rank CPU share in cores")
+    p.add_argument("--hosts", default=None, metavar="HOST:SLOTS,...",
+                   help="run the ranks on these hosts with horovodrun -H over ssh instead of "
+                        "emulating them here; their speeds are their own (--shares then only "
+                        "labels the report, one per rank); e.g. on scripts/cluster/netns-cluster")
     p.add_argument("--step-delay-ms", default=None,
                    help="per rank fixed delay per training step, e.g. 0,15")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
