@@ -170,7 +170,7 @@ class RecordIndex:
                 fd = self._fds.get(file_id)
                 if fd is None:
                     fd = self._fds[file_id] = os.open(self.files[file_id], os.O_RDONLY)
-        return fd
+        return fd  # one descriptor a file, shared: os.pread has no file position to race on
 
     def read(self, key) -> bytes:
         """Record ``key``'s data, by one positioned read."""
@@ -180,8 +180,9 @@ class RecordIndex:
         if len(data) != length:
             raise ValueError(f"TFRecord file {self.files[self.file_ids[k]]!r} changed since it "
                              f"was indexed: record at byte {self.offsets[k]} is cut short")
-        self.bytes_read += length + HEADER_BYTES + FOOTER_BYTES  # counters: approximate under threads
-        self.records_read += 1
+        with self._lock:  # tf.data's map reads from several threads
+            self.bytes_read += length + HEADER_BYTES + FOOTER_BYTES
+            self.records_read += 1
         return data
 
     def read_op(self, key: tf.Tensor) -> tf.Tensor:
