@@ -9,7 +9,8 @@ step times at a few local batches), plans with each strategy and runs synchronou
 * ``static``: hvd_balance's minmax plan from the benchmark, kept for the whole run.
 * ``adaptive``: the same first plan; every ``replan_every`` steps the window's busy times
   go to the library's own re-planning rule, :func:`hvd_balance.core.replan.decide` (the
-  same call, threshold and noise allowance as ``LoadBalancer(rebalance=...)``).
+  same call, threshold, calibration round (:func:`~hvd_balance.core.replan.round_threshold`)
+  and noise allowance as the ``LoadBalancer``).
 
 Rank i's step time at local batch b and step s is ``(fixed_s_i + s_per_sample_i * b) *
 drift_i(s) * noise_i(s)``: device profiles with a per-rank jitter, a lognormal per-step
@@ -45,7 +46,7 @@ import numpy as np
 
 from .plan import Plan
 from .planner import largest_remainder, plan_batches, predict_step_s
-from .replan import DEFAULT_THRESHOLD, decide, robust_busy
+from .replan import DEFAULT_THRESHOLD, decide, robust_busy, round_threshold
 
 logger = logging.getLogger(__name__)
 
@@ -309,7 +310,8 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
                 # Each rank's median busy time of the window and its noise, exactly what the
                 # callback hands the same rule.
                 stats = [robust_busy(busy[:, i]) for i in range(n)]
-                decision = decide(adaptive_plan, [m for m, _ in stats], threshold,
+                decision = decide(adaptive_plan, [m for m, _ in stats],
+                                  round_threshold(threshold, calibrating=previous is None),
                                   noise=[e for _, e in stats], previous=previous)
                 previous = list(zip(adaptive_plan.batch_sizes, decision.busy_s))
                 adaptive_plan = decision.plan

@@ -37,10 +37,11 @@ from .optimizer import DistributedOptimizer, load_model  # noqa: E402,F401
 from .sync_batch_norm import SyncBatchNormalization, convert_sync_batchnorm  # noqa: E402,F401
 
 
-def _run(op, value, name, **kwargs):
+def _run(collective, value, name, **kwargs):
+    # Not `op`: that is a keyword of allreduce and reducescatter, passed on in kwargs.
     import horovod.tensorflow as hvd
 
-    return getattr(hvd, op)(tf.constant(value, name=name), **kwargs).numpy()
+    return getattr(hvd, collective)(tf.constant(value, name=name), **kwargs).numpy()
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None,

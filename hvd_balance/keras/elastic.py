@@ -65,6 +65,7 @@ from horovod.tensorflow.keras.elastic import (  # noqa: F401 - Horovod's, framew
 
 from . import collective, compat, plan_sync
 from .data import BalancedData
+from .step_timer import BENCHMARK_REPEATS
 from ..core.plan import Plan
 
 
@@ -196,7 +197,7 @@ class _SegmentCommit(tf.keras.callbacks.Callback):
 
 def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method: str = "minmax",
                max_batch_size=None, benchmark_batches: Optional[Sequence[int]] = None,
-               repeats: int = 5, verbose: int = 1) -> Plan:
+               repeats: int = BENCHMARK_REPEATS, verbose: int = 1) -> Plan:
     """Move ``state``'s data to the current world and apply a plan made for it (collective).
 
     Called by :func:`fit` at every (re)start; call it yourself only to write your own loop.
@@ -249,7 +250,7 @@ def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method
 
 def fit(state: ElasticState, epochs: int, *, plan: Union[str, Plan] = "benchmark",
         method: str = "minmax", max_batch_size=None,
-        benchmark_batches: Optional[Sequence[int]] = None, repeats: int = 5,
+        benchmark_batches: Optional[Sequence[int]] = None, repeats: int = BENCHMARK_REPEATS,
         callbacks: Sequence[tf.keras.callbacks.Callback] = (), verbose: int = 0,
         plan_verbose: int = 1, **fit_kwargs):
     """Train ``state.model`` on ``state.data`` up to ``epochs``, from the committed position.

@@ -13,9 +13,11 @@ import tensorflow as tf
 from . import collective, compat, plan_sync, small_batch_check
 from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
+from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
-from ..core.replan import DEFAULT_THRESHOLD, MIN_SAMPLES, Decision, balance_efficiency, decide, robust_busy
+from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Decision, balance_efficiency, decide,
+                           robust_busy, round_threshold)
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,13 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     every epoch end the callback gathers it and adds to the logs (so ``CSVLogger`` and
     TensorBoard see them): ``balance_efficiency`` (mean over ranks of busy time / the
     largest), and for every rank ``rank{i}_busy_ms`` (median per step), ``rank{i}_wait_ms``
-    (mean per step) and ``rank{i}_local_batch``. With ``rebalance`` on, the curves are corrected by the measured
-    times and a new plan is adopted on every rank at the same step boundary when it is
-    predicted to be faster by more than ``threshold``.
+    (mean per step) and ``rank{i}_local_batch``. With ``rebalance`` on (the default after a
+    benchmark), the curves are corrected by the measured times and a new plan is adopted on
+    every rank at the same step boundary when it is predicted to be faster by more than
+    ``threshold``. The first such round is a *calibration*: the benchmark times a step of its
+    own, without the input pipeline and Keras's per-step work, so the first window of real
+    steps (the first epoch, or the first ``rebalance`` steps) re-plans for any gain above 2 %
+    and the window's noise (:func:`hvd_balance.core.replan.round_threshold`).
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -65,16 +71,20 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             steps: proportional after the first window, then the line through two windows,
             which also sees fixed per-step costs. Costs the first window's imbalance instead of
             a benchmark phase; no memory caps (give a ``plan`` with them instead).
-        benchmark_batches: local batch sizes to time. Default: two rounds, every rank
-            times ``B / 4N`` and ``B / 2N`` (within the caps), then each rank planned above
-            those times its planned batch, and the plan is made again from all the points.
-        repeats: timed repeats per batch size (median kept), after one warm-up call; the
-            phase's cost in seconds is ``plan.benchmark_s``.
-        rebalance: ``"off"`` (default), ``"epoch"`` (re-plan at every epoch end), or an int
-            ``K``: re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
+        benchmark_batches: local batch sizes to time. Default: every rank times ``B / 4N``
+            and ``B / 2N`` samples (within the caps); the calibration round corrects the
+            extrapolation to larger batches with the first epoch's real steps.
+        repeats: timed repeats per batch size (median kept), after one warm-up call
+            (default 3); the phase's cost in seconds is ``plan.benchmark_s``.
+        rebalance: ``"epoch"`` (re-plan at every epoch end), ``"off"``, or an int ``K``:
+            re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
             dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.
             With an optimizer aggregating ``backward_passes_per_step=k`` steps, the steps
             per epoch (and ``K``) must be multiples of ``k`` (else a ``ValueError``).
+            Default (``None``): ``"epoch"``, except ``"off"`` with a given ``plan`` (it is
+            kept as given), with an optimizer that is not hvd_balance's (no telemetry) or
+            when an epoch is not a multiple of ``k`` steps. Re-planning at epoch ends costs
+            nothing extra: the telemetry is gathered there anyway for the logs.
         threshold: minimum predicted gain (fraction of the step time) to change the plan;
             8 % by default: on a shared machine, speeds wander by 5-7 % between epochs.
         save_plan: optional YAML path where rank 0 writes the plan (again after each change).
@@ -83,7 +93,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            batch_sizes), identical on every rank.
+            threshold: the gain that round needed, batch_sizes, busy_ms, busy_rse),
+            identical on every rank.
 
     Example:
         ```python
@@ -100,13 +111,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                  validation_data: Optional[BalancedData] = None, method: str = "minmax",
                  max_batch_size=None, min_batch_size=None, benchmark: bool = True,
                  benchmark_batches: Optional[Sequence[int]] = None,
-                 repeats: int = 5, rebalance: Union[str, int] = "off", threshold: float = DEFAULT_THRESHOLD,
+                 repeats: int = BENCHMARK_REPEATS, rebalance: Union[str, int, None] = None,
+                 threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1):
         super().__init__()
         if not isinstance(data, BalancedData):
             raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
         steps_ok = isinstance(rebalance, int) and not isinstance(rebalance, bool)
-        if rebalance not in ("off", "epoch") and not steps_ok:
+        if rebalance not in (None, "off", "epoch") and not steps_ok:
             raise ValueError(f"rebalance must be 'off', 'epoch' or a number of steps; got {rebalance!r}")
         if steps_ok and rebalance <= MIN_SAMPLES:
             raise ValueError(
@@ -127,12 +139,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.benchmark = bool(benchmark)
         self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
         self.validation_data = validation_data
+        # None: decided on train begin (_default_rebalance), when the optimizer is known.
+        self.rebalance_given = rebalance
         self.method = method
         self.max_batch_size = max_batch_size
         self.min_batch_size = min_batch_size
         self.benchmark_batches = benchmark_batches
         self.repeats = repeats
-        self.rebalance = rebalance
+        self.rebalance = "epoch" if rebalance is None else rebalance
         self.threshold = threshold
         self.save_plan = save_plan
         self.verbose = verbose
@@ -158,6 +172,18 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     "gradient would mix two plans' batches under one weight; choose a data "
                     "size and global batch giving a multiple of it, or rebalance='off'")
 
+    def _default_rebalance(self) -> str:
+        """``rebalance=None``: ``"epoch"``, or ``"off"`` where re-planning would change what
+        the user chose (a given plan), cannot run (no telemetry: not hvd_balance's optimizer)
+        or would mix two plans in one aggregated gradient."""
+        if not self.benchmark:
+            return "epoch"  # equal batches need re-planning; an error below if impossible
+        optimizer = self.model.optimizer
+        if (self.given_plan is not None or telemetry_of(optimizer) is None
+                or len(self.data) % backward_passes_of(optimizer)):
+            return "off"
+        return "epoch"
+
     # -- train begin: the first plan ------------------------------------------------------
     def on_train_begin(self, logs=None):
         self._stop_join()
@@ -171,6 +197,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         if isinstance(self.rebalance, int) and self.rebalance % spe:
             raise ValueError(f"rebalance={self.rebalance} must be a multiple of the model's "
                              f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
+        if self.rebalance_given is None:
+            self.rebalance = self._default_rebalance()
+        # Whether the next re-planning round is the calibration (see the class docstring).
+        self._calibrating = self.given_plan is None
         self._check_gradient_aggregation()
         parameters = (plan_sync.trainable_parameters(self.model)
                       if self.model.built else None)
@@ -254,16 +284,18 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     def _replan(self, window, step: int) -> None:
         busy = [w["busy_s"] for w in window]
         record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
-                  "changed": False, "batch_sizes": list(self.plan.batch_sizes),
+                  "changed": False, "threshold": None, "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
                   "busy_rse": [w["busy_rse"] for w in window]}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
             if self.rebalance != "off" and min(w["busy_n"] for w in window) >= MIN_SAMPLES:
-                decision = collective.agree(lambda: self._decide(window),
+                threshold = round_threshold(self.threshold, self._calibrating)
+                decision = collective.agree(lambda: self._decide(window, threshold),
                                             name="hvd_balance.rebalance")
+                self._calibrating = False
                 self._previous = [(w["local_batch"], w["busy_s"]) for w in window]
-                record.update(gain=decision.gain, changed=decision.changed,
+                record.update(gain=decision.gain, changed=decision.changed, threshold=threshold,
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
                 if decision.changed and self.verbose and collective.rank() == 0:
@@ -273,15 +305,15 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                           f"{list(decision.plan.batch_sizes)}", file=sys.stdout, flush=True)
         self.history.append(record)
 
-    def _decide(self, window) -> Decision:
+    def _decide(self, window, threshold: float) -> Decision:
         """On rank 0: re-plan from the last window, or, failing a clear gain there, from all
         samples since the batches last changed (smaller error, same batches)."""
         busy = [w["busy_s"] for w in window]
         noise = [w["busy_rse"] for w in window]
-        decision = decide(self.plan, busy, self.threshold, self.method, noise, self._previous)
+        decision = decide(self.plan, busy, threshold, self.method, noise, self._previous)
         pooled = [w["pooled_busy_s"] for w in window]
         if not decision.changed and all(p is not None and p > 0 for p in pooled):
-            again = decide(self.plan, pooled, self.threshold, self.method,
+            again = decide(self.plan, pooled, threshold, self.method,
                            [w["pooled_busy_rse"] for w in window])
             if again.changed:
                 return again

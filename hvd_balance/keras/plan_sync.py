@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import collective
-from .step_timer import StepTimer, candidate_batches, measure_curve, second_round_batch
+from .step_timer import BENCHMARK_REPEATS, StepTimer, candidate_batches, measure_curve
 from .data import BalancedData
 from .pinning import current_device
 from ..core.memory_caps import resolve_max_batch_sizes
@@ -68,7 +68,7 @@ def check_consistent(name: str, **values: Any) -> None:
 
 
 def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,
-                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = 5,
+                 batch_sizes: Optional[Sequence[int]] = None, repeats: int = BENCHMARK_REPEATS,
                  timer: Optional[StepTimer] = None) -> Dict[str, Any]:
     """This rank's time curve and facts for planning (runs no collective).
 
@@ -114,51 +114,25 @@ def plan_from_measurements(measurements: List[Dict[str, Any]], global_batch_size
 
 def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = "minmax",
                        max_batch_size=None, batch_sizes=None, min_batch_size=None,
-                       repeats: int = 5) -> Plan:
+                       repeats: int = BENCHMARK_REPEATS) -> Plan:
     """Measure every rank, gather, plan on rank 0 and broadcast: the same Plan on all ranks.
 
-    With the default sizes (``batch_sizes=None``) in two rounds, so that the slowest rank,
-    which everyone waits for, times only small batches: every rank times ``B / 4N`` and
-    ``B / 2N``; a first plan is made from those curves; every rank planned well above its
-    timed batches (a fast one) then times its planned batch, and the final plan uses all
-    the points, so no rank's batch is extrapolated far.
+    With the default sizes (``batch_sizes=None``) every rank times ``B / 4N`` and ``B / 2N``
+    samples: cheap for the slowest rank, which everyone waits for, and two points tell a
+    fixed cost per step from a cost per sample. A fast rank's planned batch lies beyond
+    them, on the extrapolated line; the LoadBalancer's calibration round corrects every
+    rank's curve with its real steps after the first epoch.
     """
-    # One step timer for both rounds (its step is traced once); an error making it (say, an
-    # uncompiled model) is raised on every rank.
-    timer = collective.all_ok(lambda: StepTimer(model, next(iter(data.take(1)))),
-                              name="hvd_balance.step_timer")
+    def measure():
+        timer = StepTimer(model, next(iter(data.take(1))))
+        return measure_rank(model, data, max_batch_size, batch_sizes, repeats, timer=timer)
 
-    def plan(measurements):
-        return collective.agree(
-            lambda: plan_from_measurements(measurements, data.global_batch_size, method, min_batch_size),
-            name="hvd_balance.plan")
-
+    # An error on one rank (say, an uncompiled model) is raised on every rank.
     measurements = collective.allgather_object(
-        collective.all_ok(lambda: measure_rank(model, data, max_batch_size, batch_sizes, repeats,
-                                               timer=timer),
-                          name="hvd_balance.benchmark"),
-        name="hvd_balance.curves")
-    first = plan(measurements)
-    if batch_sizes is not None or data.world_size == 1:
-        return first
-
-    def time_planned_batch():
-        more = second_round_batch(measurements[data.rank]["curve"], first.batch_sizes[data.rank])
-        if more is None:
-            return {"curve": [], "benchmark_s": 0.0}
-        curve, seconds = measure_curve(model, None, [more], repeats=repeats, timer=timer)
-        return {"curve": curve, "benchmark_s": seconds}
-
-    second = collective.allgather_object(
-        collective.all_ok(time_planned_batch, name="hvd_balance.benchmark_planned"),
-        name="hvd_balance.planned_curves")
-    if not any(m["curve"] for m in second):
-        return first
-    for m, extra in zip(measurements, second):
-        # the planned batch's time, kept non-decreasing along the curve
-        points = m["curve"] + [(b, max(t, m["curve"][-1][1])) for b, t in extra["curve"]]
-        m.update(curve=sorted(points), benchmark_s=m["benchmark_s"] + extra["benchmark_s"])
-    return plan(measurements)
+        collective.all_ok(measure, name="hvd_balance.benchmark"), name="hvd_balance.curves")
+    return collective.agree(
+        lambda: plan_from_measurements(measurements, data.global_batch_size, method, min_batch_size),
+        name="hvd_balance.plan")
 
 
 def resolve_given_plan(plan, data: BalancedData) -> Plan:

@@ -51,6 +51,10 @@ MAX_RETIMES = 2           # rounds of re-timing at most
 NOISY_MAD_RATIO = 0.25    # median absolute deviation over this share of the median: warn
 BENT_WARN_RATIO = 0.1     # the non-decreasing fit moved a median by more than this: warn
 MIN_STEP_S = 1e-9         # a timing is never taken as zero seconds (a curve needs t > 0)
+# Timed calls per batch size by default (after one warm-up call): the first epoch's real steps
+# calibrate the plan afterwards, so the benchmark needs a fair start, not precision; each
+# extra repeat costs the slowest rank a step at every size, which every rank waits for.
+BENCHMARK_REPEATS = 3
 
 
 def candidate_batches(global_batch_size: int, world_size: int,
@@ -60,8 +64,7 @@ def candidate_batches(global_batch_size: int, world_size: int,
     ``points`` sizes spread geometrically from a quarter to a half of the equal share ``B /
     N`` (within the memory cap): ``B / 4N`` and ``B / 2N`` by default, cheap even for the
     slowest rank, which everyone waits for. Two sizes tell a fixed per-step cost from a
-    per-sample cost; a rank planned above them times its planned batch in a second round
-    (:func:`second_round_batch`). One rank alone times its whole batch.
+    per-sample cost. One rank alone times its whole batch.
     """
     share = max(1, global_batch_size // world_size)
     top = global_batch_size - (world_size - 1)
@@ -75,14 +78,6 @@ def candidate_batches(global_batch_size: int, world_size: int,
         return [hi]
     sizes = np.unique(np.round(np.geomspace(lo, hi, points)).astype(int))
     return [int(s) for s in sizes]
-
-
-def second_round_batch(curve: Curve, planned: int, reach: float = 1.25) -> Optional[int]:
-    """The local batch to time in the second round: ``planned`` when it lies beyond the
-    largest timed batch times ``reach`` (the plan extrapolated the curve there), else
-    ``None``."""
-    largest = max(b for b, _ in curve)
-    return int(planned) if planned > reach * largest else None
 
 
 class StepTimer:
@@ -150,7 +145,7 @@ class StepTimer:
                  for part in (self.x, self.y, self.sample_weight)]
         self._step = tf.function(step).get_concrete_function(*specs)
 
-    def time(self, sizes: Sequence[int], repeats: int = 5, warmup: int = 1,
+    def time(self, sizes: Sequence[int], repeats: int = BENCHMARK_REPEATS, warmup: int = 1,
              clock: Clock = time.perf_counter, who: str = "this rank") -> List[float]:
         """Robust seconds of one step at each local batch in ``sizes`` (samples).
 
@@ -215,7 +210,7 @@ def isotonic_median_fit(samples: Sequence[Sequence[float]]) -> List[float]:
     return out
 
 
-def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repeats: int = 5,
+def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repeats: int = BENCHMARK_REPEATS,
                       warmup: int = 1, clock: Clock = time.perf_counter,
                       who: str = "this rank") -> List[float]:
     """Seconds per step at each of ``sizes``, robust to outlying and noisy timings.
@@ -276,7 +271,7 @@ def robust_step_times(run_step: Callable[[int], Any], sizes: Sequence[int], repe
     return fitted
 
 
-def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], repeats: int = 5,
+def measure_curve(model: tf.keras.Model, sample, batch_sizes: Sequence[int], repeats: int = BENCHMARK_REPEATS,
                   warmup: int = 1, clock: Clock = time.perf_counter,
                   rank: Optional[int] = None,
                   timer: Optional["StepTimer"] = None) -> Tuple[Curve, float]:

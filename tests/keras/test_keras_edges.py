@@ -111,3 +111,14 @@ def test_the_broadcast_leaves_each_rank_its_own_dropout_seeds():
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dropout(0.5), tf.keras.layers.Dense(2)])
     state = compat.model_state(model)
     assert len(state) == 2 and len(model.variables) == 3  # kernel, bias; not the seed state
+
+
+def test_the_numpy_collectives_take_horovods_keywords():
+    """hvd.allreduce(value, op=hvd.Sum) as in Horovod's Keras module (one rank here)."""
+    hvd.init()
+    value = np.array([1.0, 2.0])
+    np.testing.assert_allclose(hvd.allreduce(value, op=hvd.Sum, name="sum"), value * hvd.size())
+    np.testing.assert_allclose(hvd.allreduce(value, name="mean", prescale_factor=2.0), 2 * value)
+    np.testing.assert_allclose(hvd.reducescatter(value, op=hvd.Sum, name="rs"), value * hvd.size())
+    np.testing.assert_allclose(hvd.broadcast(value, 0, name="bc"), value)
+    np.testing.assert_allclose(hvd.allgather(value, name="ag"), np.tile(value, hvd.size()))

@@ -226,9 +226,3 @@ def test_first_round_sizes_are_a_quarter_and_a_half_of_the_equal_share_within_ca
     assert benchmark.candidate_batches(256, 1) == [256]             # one rank: its own batch
     assert benchmark.candidate_batches(512, 4, points=3) == [32, 45, 64]
 
-
-def test_the_second_round_times_a_planned_batch_beyond_the_timed_ones():
-    curve = [(32, 0.01), (64, 0.02)]
-    assert benchmark.second_round_batch(curve, 200) == 200   # extrapolated: time it
-    assert benchmark.second_round_batch(curve, 80) is None   # within reach of the curve
-    assert benchmark.second_round_batch(curve, 20) is None

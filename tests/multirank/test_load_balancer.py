@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from hvd_balance.core.replan import CALIBRATION_THRESHOLD, DEFAULT_THRESHOLD
 from hvd_balance.keras.compat import KERAS3
 from support import run_ranks
 
@@ -138,3 +139,20 @@ def test_without_a_benchmark_rebalancing_is_required_and_caps_come_from_a_plan()
     with pytest.raises(ValueError, match="takes no max_batch_size \\(got 6\\)"):
         hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch", max_batch_size=6)
     assert not hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch").benchmark
+
+
+@pytest.mark.timeout(300)
+def test_by_default_the_first_epoch_calibrates_the_plan_with_the_real_input_cost():
+    """Rank 1's input pipeline costs 4 ms a sample, which the benchmark (one loaded batch)
+    cannot see; after the first epoch the default LoadBalancer has moved samples to rank 0,
+    in a round whose threshold is the calibration's, and the same on both ranks."""
+    run = run_ranks("tests/rank_scripts/input_cost_fit.py", np=2, args=["4"], timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert results[0]["history"] == results[1]["history"]
+    first, calibration = results[0]["first_plan"], results[0]["history"][0]
+    assert results[0]["rebalance"] == "epoch"
+    assert calibration["threshold"] == CALIBRATION_THRESHOLD and calibration["changed"]
+    assert calibration["batch_sizes"][1] < 0.75 * first[1], (first, calibration)
+    # The next round is an ordinary one, with the hysteresis threshold.
+    assert results[0]["history"][1]["threshold"] == DEFAULT_THRESHOLD

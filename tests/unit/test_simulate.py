@@ -145,8 +145,9 @@ def test_hysteresis_blocks_small_gains():
 
 
 def test_adaptive_is_the_library_rule(monkeypatch):
-    """The simulator re-plans through replan.decide with its default threshold: the same call
-    LoadBalancer makes, so the simulated "adaptive" is the library's."""
+    """The simulator re-plans through replan.decide with its default threshold, the first round
+    a calibration: the same calls LoadBalancer makes, so the simulated "adaptive" is the
+    library's."""
     assert inspect.signature(sim.simulate).parameters["threshold"].default == replan.DEFAULT_THRESHOLD
     calls = []
 
@@ -159,7 +160,8 @@ def test_adaptive_is_the_library_rule(monkeypatch):
     result = sim.simulate(sim.make_cluster(32, seed=1), steps=300, drift_step=100, replan_every=25,
                           seed=1, series=False)
     assert len(calls) == 300 // 25 - 1  # every window but the last
-    assert all(t == replan.DEFAULT_THRESHOLD for _, t, _ in calls)
+    assert calls[0][1] == replan.CALIBRATION_THRESHOLD
+    assert all(t == replan.DEFAULT_THRESHOLD for _, t, _ in calls[1:])
     assert sum(changed for _, _, changed in calls) == len(result["replans"]) >= 1
 
 
