@@ -11,7 +11,7 @@ import pytest
 
 from support import (can_emulate, kill_run_leftovers, launcher_group, PYTHON, REPO, rank_env,
                       run_command, run_pids, run_ranks, RUN_ID_VAR)
-from hvd_balance.tools.bench import figures, settings, worker
+from hvd_balance.tools.bench import driver, figures, models, settings, worker
 
 STEP_TIMING = "tests/rank_scripts/bench_step_timing.py"
 
@@ -94,6 +94,78 @@ def test_summary_holds_every_figure_per_strategy():
     assert figures.targets(summary, [1.0, 0.25], [0, 0])["speedup_over_uniform>=2.0"]["met"]
 
 
+def test_accuracy_is_a_column_of_the_summary_and_its_table():
+    jobs = [_fake_job(name, rep, [64, 64], busy=[0.1, 0.1], wait=[0.01, 0.01], epoch_s=[1.0, 1.0])
+            for rep in range(3) for name in settings.STRATEGIES]
+    accuracies = {"uniform": [0.5, 0.7, 0.6], "proportional": [0.61, 0.62, 0.63],
+                  "balanced": [0.9, 0.8, 0.85]}
+    for job in jobs:
+        acc = accuracies[job["strategy"]][job["rep"]]
+        job["result"]["accuracy"] = acc
+        for i, r in enumerate(job["result"]["ranks"]):
+            r["accuracy"] = acc - 0.1 * i  # rank 1's own batch-norm statistics do worse
+        job["summary"] = figures.summarize_job(job["result"])
+    summary = figures.summarize(jobs, settings.STRATEGIES, 128)
+    for name, per_rep in accuracies.items():
+        s = summary["strategies"][name]
+        assert s["accuracy"] == pytest.approx(sorted(per_rep)[1])  # the median over repetitions
+        assert s["accuracy_per_rep"] == per_rep
+        assert s["accuracy_per_rank"] == pytest.approx([s["accuracy"], s["accuracy"] - 0.1])
+    table = driver.format_summary({**summary, "targets": {}}).splitlines()
+    assert "accuracy" in table[0].split()
+    assert "0.8500" in next(line for line in table if line.startswith("balanced"))
+    # A report from before the column (no accuracy in its jobs) still summarizes: "-".
+    for job in jobs:
+        del job["result"]["accuracy"]
+        job["summary"] = figures.summarize_job(job["result"])
+    old = figures.summarize(jobs, settings.STRATEGIES, 128)
+    assert old["strategies"]["balanced"]["accuracy"] is None
+    assert " - " in driver.format_summary({**old, "targets": {}}).splitlines()[1]
+
+
+@pytest.mark.parametrize("make", [models.make_images, models.make_tokens])
+def test_realistic_data_is_seeded_and_held_out_apart(make):
+    import numpy as np
+
+    x, y, x_test, y_test = make(600, 200, seed=3)
+    again = make(600, 50, seed=3)
+    # The same seed gives the same training set whatever the held-out size, and held-out
+    # samples of the same distribution, not copies of training ones.
+    assert np.array_equal(again[0], x) and np.array_equal(again[1], y)
+    assert np.array_equal(again[2], x_test[:50]) and np.array_equal(again[3], y_test[:50])
+    assert not np.array_equal(make(600, 0, seed=4)[0], x)
+    assert len(x) == len(y) == 600 and len(x_test) == len(y_test) == 200
+    assert y.dtype == np.int32 and set(np.unique(y)) == set(range(models.CLASSES))
+    flat, flat_test = x.reshape(len(x), -1), x_test.reshape(len(x_test), -1)
+    assert not (flat_test[:, None, :] == flat[None, :, :]).all(-1).any()
+    if make is models.make_images:
+        assert x.shape[1:] == models.IMAGE_SHAPE and x.dtype == np.float32
+    else:
+        assert x.shape[1:] == (models.SEQ_LEN,) and x.dtype == np.int32
+        assert 0 <= x.min() and x.max() < models.VOCAB
+
+
+def test_token_data_is_learnable_by_counting():
+    """Naive Bayes on token counts, fitted on the training sequences, is far above chance on
+    the held-out ones: the labels carry a signal a model can learn."""
+    import numpy as np
+
+    x, y, x_test, y_test = models.make_tokens(4000, 1000, seed=0)
+    counts = np.ones((models.CLASSES, models.VOCAB))
+    for c in range(models.CLASSES):
+        np.add.at(counts[c], x[y == c].ravel(), 1)
+    log_p = np.log(counts / counts.sum(1, keepdims=True))
+    accuracy = float(np.mean(np.argmax(log_p[:, x_test].sum(-1), axis=0) == y_test))
+    assert accuracy > 0.6, accuracy  # chance: 0.1
+
+
+@pytest.mark.skipif(models.sync_batch_norm_available(),
+                    reason="hvd_balance.SyncBatchNormalization exists in this checkout")
+def test_sync_batch_norm_is_refused_by_name_until_it_exists(capsys):
+    with pytest.raises(SystemExit, match="--batch-norm sync needs hvd_balance.SyncBatchNormalization"):
+        driver.main(["--model", "resnet", "--batch-norm", "sync", "--out", "/dev/null"])
+
+
 def test_importing_the_driver_leaves_tensorflow_out():
     code = "import sys, hvd_balance.bench; print('tensorflow' in sys.modules)"
     done = subprocess.run([PYTHON, "-c", code], env=rank_env(), capture_output=True, text=True,
@@ -132,6 +204,42 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
     # The LoadBalancer's benchmark step pays the delay too; inference does not.
     assert r1["bench_step_s"] >= delay_s > r0["bench_step_s"], result
     assert r1["predict_s"] < r0["predict_s"] + delay_s / 2, result
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("model, batch_norm, samples", [
+    pytest.param("resnet", "local", 256, id="resnet-local"),
+    pytest.param("resnet", "sync", 256, id="resnet-sync", marks=pytest.mark.skipif(
+        not models.sync_batch_norm_available(), reason="no hvd_balance.SyncBatchNormalization yet")),
+    pytest.param("text", "local", 2048, id="text")])
+def test_realistic_model_trains_on_two_ranks_and_reports_held_out_accuracy(
+        tmp_path, model, batch_norm, samples):
+    """The worker's job, balanced (weighted optimizer and LoadBalancer), on 2 plain ranks."""
+    job_out = tmp_path / "job.json"
+    cmd = [PYTHON, "-m", "hvd_balance.bench", "--worker", "--strategy", "balanced",
+           "--model", model, "--batch-norm", batch_norm, "--epochs", "1", "--global-batch", "64",
+           "--samples", str(samples), "--heldout", "200", "--benchmark-repeats", "1",
+           "--benchmark-batches", "8,16", "--job-out", job_out]
+    run = run_ranks(cmd, np=2, timeout=260)
+    assert run.returncode == 0, run.stdout[-3000:]
+    result = json.loads(job_out.read_text())
+    assert result["model"] == model and result["heldout"] == 200
+    assert result["batch_norm"] == (batch_norm if model == "resnet" else None)
+    assert sum(result["local_batches"]) == 64
+    assert result["steps_per_epoch"] == samples // 64
+    ranks = result["ranks"]
+    assert [len(r["busy_s"][0]) for r in ranks] == [samples // 64] * 2
+    accuracies = [r["accuracy"] for r in ranks]
+    assert result["accuracy"] == accuracies[0]
+    # 200 held-out samples: an accuracy is a whole number of them.
+    assert all(0 <= a <= 1 and round(a * 200, 6) == round(a * 200) for a in accuracies)
+    if model == "text" or batch_norm == "sync":
+        # No per-rank state: every rank holds the same model, so the same accuracy.
+        assert accuracies[0] == accuracies[1], accuracies
+    if model == "text":
+        # 32 Adam steps on sparse (Embedding) gradients learn: chance is 0.1.
+        assert accuracies[0] > 0.3, accuracies
+    assert figures.summarize_job(result)["accuracy"] == accuracies[0]
 
 
 def _cmdline(pid: int) -> str:

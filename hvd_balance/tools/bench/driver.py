@@ -17,8 +17,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..emulate import RANK_ENV
 from .figures import _median, summarize, summarize_job, targets
+from .models import BATCH_NORMS, sync_batch_norm_available
 from .plot import plot
-from .settings import _STOP_GRACE_S, ALL_STRATEGIES, MODELS, SMOKE, STRATEGIES
+from .settings import (_STOP_GRACE_S, ALL_STRATEGIES, DEFAULT_LEARNING_RATE, HELDOUT,
+                       LEARNING_RATE, MODELS, SMOKE, STRATEGIES)
 from .worker import run_worker
 
 def _cpu_busy_s() -> float:
@@ -44,7 +46,8 @@ def job_command(args, strategy: str, job_out: str) -> List[str]:
             "--model", args.model, "--epochs", str(args.epochs),
             "--global-batch", str(args.global_batch), "--samples", str(args.samples),
             "--seed", str(args.seed), "--lr", str(args.lr),
-            "--benchmark-repeats", str(args.benchmark_repeats), "--job-out", job_out]
+            "--benchmark-repeats", str(args.benchmark_repeats), "--job-out", job_out,
+            "--batch-norm", args.batch_norm, "--heldout", str(args.heldout)]
     if args.benchmark_batches:
         cmd += ["--benchmark-batches", args.benchmark_batches]
     if args.tf_data_autotune:
@@ -162,7 +165,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
                 job["summary"] = summarize_job(job["result"])
                 s = job["summary"]
                 print(f"  rep {rep} {strategy:12s} batches {s['local_batches']}  epoch "
-                      f"{s['steady_epoch_s']:.3f} s  busy {_fmt_list(s['busy_s'], 1e3)} ms  wait "
+                      f"{s['steady_epoch_s']:.3f} s  acc {_fmt_acc(s.get('accuracy'))}  busy {_fmt_list(s['busy_s'], 1e3)} ms  wait "
                       f"{_fmt_list(s['wait_s'], 1e3)} ms  eff {s['efficiency']:.3f}  bench "
                       f"{s['benchmark_phase_s']:.2f} s  others {info['others_cores']:.2f} cores",
                       flush=True)
@@ -178,6 +181,8 @@ def run_driver(args, argv: Sequence[str]) -> int:
         "config": {"model": args.model, "shares": shares, "step_delay_ms": delays,
                    "reps": args.reps, "epochs": args.epochs, "global_batch": args.global_batch,
                    "samples": args.samples, "seed": args.seed, "strategies": strategies,
+                   "batch_norm": args.batch_norm if args.model == "resnet" else None,
+                   "heldout": args.heldout, "lr": args.lr,
                    "benchmark_batches": args.benchmark_batches,
                    "benchmark_repeats": args.benchmark_repeats, "period_us": args.period_us,
                    "tf_data_autotune": args.tf_data_autotune,
@@ -218,9 +223,13 @@ def _fmt_list(values, scale=1.0, fmt="{:.1f}"):
     return "[" + ", ".join("-" if v is None else fmt.format(v * scale) for v in values) + "]"
 
 
+def _fmt_acc(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
 def format_summary(report: Dict[str, Any]) -> str:
     """A plain-text table of the summary (also what BENCHMARKS.md tables are made from)."""
-    lines = ["strategy      local batches         epoch s  speedup  of ideal  busy ms/step (per rank)"
+    lines = ["strategy      local batches         epoch s  speedup  of ideal  accuracy  busy ms/step (per rank)"
              "          wait ms/step (per rank)          eff.   bench s  share  5-epoch s  busy/predicted"]
     for name, s in report["strategies"].items():
         if not s:
@@ -230,6 +239,7 @@ def format_summary(report: Dict[str, Any]) -> str:
         lines.append(
             f"{name:12s}  {str(s['local_batches']):20s}  {s['epoch_s']:7.3f}  "
             f"{s.get('speedup', float('nan')):6.2f}x  {s.get('fraction_of_ideal', float('nan')):7.3f}  "
+            f"{_fmt_acc(s.get('accuracy')):>8s}  "
             f"{_fmt_list(s['busy_s'], 1e3):30s}  {_fmt_list(s['wait_s'], 1e3):30s}  "
             f"{s['efficiency']:.3f}  {s['benchmark_phase_s']:6.2f}  {s['benchmark_share']:.3f}  "
             f"{s.get('run_5_epochs_s') or float('nan'):9.2f}  "
@@ -259,7 +269,16 @@ def _parser() -> argparse.ArgumentParser:
                "--epochs 5 --global-batch 512 --samples 61440 --out results/bench.json "
                "--plot results/bench.png")
     p.add_argument("--model", choices=MODELS, default="cnn",
-                   help="cnn (16x16x1 images), mlp (256 features) or tiny (smoke tests)")
+                   help="cnn (16x16x1 images), mlp (256 features), tiny (smoke tests), resnet "
+                        "(a small ResNet with batch normalization on 32x32x3 images) or text "
+                        "(an Embedding, sparse gradients, on token sequences)")
+    p.add_argument("--batch-norm", choices=BATCH_NORMS, default="local",
+                   help="resnet's batch normalization: sync (hvd_balance.SyncBatchNormalization, "
+                        "statistics over the global batch) or local (Keras's, per rank); "
+                        "default %(default)s")
+    p.add_argument("--heldout", type=int, default=HELDOUT,
+                   help="held-out samples the accuracy is measured on after training "
+                        "(the same for every strategy; default %(default)s, 0: none)")
     p.add_argument("--shares", default="1.0,0.25", help="per rank CPU share in cores")
     p.add_argument("--hosts", default=None, metavar="HOST:SLOTS,...",
                    help="run the ranks on these hosts with horovodrun -H over ssh instead of "
@@ -277,7 +296,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, default=512, help="B, samples per step over all ranks")
     p.add_argument("--samples", type=int, default=61440, help="training samples per epoch")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (SGD with momentum 0.9; Adam for text); default "
+                        f"{DEFAULT_LEARNING_RATE}, resnet {LEARNING_RATE['resnet']}, text "
+                        f"{LEARNING_RATE['text']}")
     p.add_argument("--benchmark-batches", default=None,
                    help="LoadBalancer benchmark sizes: samples (64,128) or multiples of B/N "
                         "(0.5x,1x); default: the LoadBalancer's own")
@@ -311,6 +333,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point (``python -m hvd_balance.bench``, ``hvd-balance bench``); returns the status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.lr is None:
+        args.lr = LEARNING_RATE.get(args.model, DEFAULT_LEARNING_RATE)
     if args.worker:
         return run_worker(args)
     if args.from_json:
@@ -327,6 +351,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, key) < 1:
             raise SystemExit(f"hvd_balance.bench: --{key.replace('_', '-')} must be >= 1; "
                              f"got {getattr(args, key)}")
+    if args.heldout < 0:
+        raise SystemExit(f"hvd_balance.bench: --heldout must be >= 0; got {args.heldout}")
+    if args.batch_norm == "sync" and args.model == "resnet" and not sync_batch_norm_available():
+        raise SystemExit("hvd_balance.bench: --batch-norm sync needs hvd_balance.SyncBatchNormalization "
+                         "(hvd_balance/keras/sync_batch_norm.py), which this checkout lacks; "
+                         "use --batch-norm local")
     if args.samples < args.global_batch:
         raise SystemExit(f"hvd_balance.bench: --samples {args.samples} is less than one global "
                          f"batch ({args.global_batch})")

@@ -126,6 +126,8 @@ def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
         "busy_over_predicted": ([b / p for b, p in zip(busy_med, predicted)]
                                 if predicted and len(predicted) == len(busy_med) else None),
         "final_loss": result.get("final_loss"),
+        "accuracy": result.get("accuracy"),
+        "accuracy_per_rank": [r.get("accuracy") for r in ranks],
     }
 
 
@@ -167,6 +169,11 @@ def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batc
                                     [_median([r["busy_over_predicted"][i] for r in runs])
                                      for i in range(n)]),
             "final_loss": _median([r["final_loss"] for r in runs]),
+            # Held-out accuracy after the same epochs (rank 0's model), median over repetitions.
+            "accuracy": _median([r.get("accuracy") for r in runs]),
+            "accuracy_per_rep": [r.get("accuracy") for r in runs],
+            "accuracy_per_rank": [_median([(r.get("accuracy_per_rank") or [None] * n)[i]
+                                           for r in runs]) for i in range(n)],
         }
     uniform = out["strategies"].get("uniform")
     ideal = None

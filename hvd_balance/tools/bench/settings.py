@@ -17,7 +17,15 @@ def telemetry_window(steps_per_epoch: int) -> int:
     """Steps per re-planning window of the ``telemetry`` strategy: a third of an epoch, and
     more than the LoadBalancer's minimum of timed steps in a window (``MIN_SAMPLES``)."""
     return max(MIN_SAMPLES + 1, steps_per_epoch // 3)
-MODELS = ("cnn", "mlp", "tiny")
+MODELS = ("cnn", "mlp", "tiny", "resnet", "text")
+INPUT_DTYPE = {"text": "int32"}  # a model's input dtype when it is not float32
+HELDOUT = 2048  # held-out samples every strategy's accuracy is measured on
+# The optimizer of each model (SGD with momentum 0.9 unless named here) and its default
+# learning rate: an Embedding learns slowly under SGD (each row sees few samples), so the text
+# model takes Adam, as text models usually do.
+ADAM_MODELS = ("text",)
+LEARNING_RATE = {"resnet": 0.05, "text": 0.003}
+DEFAULT_LEARNING_RATE = 0.01
 
 _STOP_GRACE_S = 20.0
 SMOKE = {"model": "tiny", "shares": "1.0,0.5", "reps": 1, "epochs": 2, "global_batch": 256,

@@ -8,13 +8,19 @@ import time
 from typing import Optional
 
 from ..emulate import ENV_STEP_DELAY_MS
-from .settings import METHOD_OF, MODELS, telemetry_window
+from . import models
+from .settings import ADAM_MODELS, INPUT_DTYPE, METHOD_OF, MODELS, telemetry_window
 
-def _model_parts(name: str):
-    """``(input_shape, layers)`` of a benchmark model."""
+def _model_parts(name: str, batch_norm: str = "local"):
+    """``(input_shape, layers)`` of a benchmark model (``batch_norm``: ``resnet``'s
+    normalization, ``"local"`` or ``"sync"``; see :mod:`.models`)."""
     import tensorflow as tf
 
     L = tf.keras.layers
+    if name == "resnet":
+        return models.IMAGE_SHAPE, models.resnet_layers(batch_norm)
+    if name == "text":
+        return (models.SEQ_LEN,), models.text_layers()
     if name == "cnn":
         return (16, 16, 1), [
             L.Conv2D(32, 3, padding="same", activation="relu"),
@@ -33,13 +39,33 @@ def _model_parts(name: str):
 
 def make_data(input_shape, samples: int, seed: int):
     """Synthetic, learnable data: Gaussian inputs, labels from a fixed random linear map."""
+    return _linear_data(input_shape, samples, 0, seed)[:2]
+
+
+def _linear_data(input_shape, samples: int, heldout: int, seed: int):
+    """:func:`make_data`'s ``(x, y)`` and ``heldout`` more samples of the same map, drawn
+    after them (so the training set is the same whatever ``heldout``)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((samples,) + tuple(input_shape), dtype=np.float32)
     w = rng.standard_normal((int(np.prod(input_shape)), 10), dtype=np.float32)
-    y = np.argmax(x.reshape(samples, -1) @ w, axis=1).astype("int32")
-    return x, y
+    x_test = rng.standard_normal((heldout,) + tuple(input_shape), dtype=np.float32)
+
+    def label(inputs):
+        return np.argmax(inputs.reshape(len(inputs), -1) @ w, axis=1).astype("int32")
+
+    return x, label(x), x_test, label(x_test)
+
+
+def model_data(name: str, input_shape, samples: int, heldout: int, seed: int):
+    """``(x, y, x_heldout, y_heldout)`` for model ``name``: the training samples and the
+    held-out ones every strategy is evaluated on (the same for every strategy)."""
+    if name == "resnet":
+        return models.make_images(samples, heldout, seed)
+    if name == "text":
+        return models.make_tokens(samples, heldout, seed)
+    return _linear_data(input_shape, samples, heldout, seed)
 
 
 def _worker_classes():
@@ -173,19 +199,23 @@ def run_worker(args) -> int:
     delay_ms = float(os.environ.get(ENV_STEP_DELAY_MS) or 0.0)
     StepDelay, StepTiming, TimedSequential, StepRecorder, Mark = _worker_classes()
     tf.keras.utils.set_random_seed(args.seed)
-    input_shape, layers = _model_parts(args.model)
-    x, y = make_data(input_shape, args.samples, args.seed)
+    input_shape, layers = _model_parts(args.model, args.batch_norm)
+    x, y, x_test, y_test = model_data(args.model, input_shape, args.samples, args.heldout, args.seed)
     window = (telemetry_window(args.samples // args.global_batch)
               if args.strategy == "telemetry" else None)
     data = hvd_balance.BalancedData(x, y, global_batch_size=args.global_batch, seed=args.seed,
                                     segment_steps=window)
-    model = TimedSequential([tf.keras.Input(input_shape), StepDelay(delay_ms), *layers])
+    model = TimedSequential([tf.keras.Input(input_shape, dtype=INPUT_DTYPE.get(args.model, "float32")),
+                             StepDelay(delay_ms), *layers])
     model.step_timing = StepTiming(data.steps)
-    sgd = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
-    if args.strategy == "uniform":
-        optimizer = compat.horovod_optimizer(sgd)  # plain Horovod: equal weights, no telemetry
+    if args.model in ADAM_MODELS:
+        base = tf.keras.optimizers.Adam(args.lr)
     else:
-        optimizer = hvd_balance.DistributedOptimizer(sgd)
+        base = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
+    if args.strategy == "uniform":
+        optimizer = compat.horovod_optimizer(base)  # plain Horovod: equal weights, no telemetry
+    else:
+        optimizer = hvd_balance.DistributedOptimizer(base)
     model.compile(optimizer=optimizer,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
@@ -210,6 +240,12 @@ def run_worker(args) -> int:
         options.autotune.enabled = False
         train = data.with_options(options)
     model.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks)
+    # Held-out accuracy, the same evaluation for every strategy: every rank predicts the whole
+    # held-out set with its own model (the weights are the same on every rank; per-rank
+    # batch-normalization statistics, with --batch-norm local, are not).
+    eval_begin = time.time()
+    accuracy = heldout_accuracy(model, x_test, y_test)
+    eval_s = time.time() - eval_begin
 
     # An epoch lasts from the end of the previous one (the last step's allreduce ends on all
     # ranks together) to its own end, so it includes every rank's work between epochs.
@@ -220,7 +256,8 @@ def run_worker(args) -> int:
             "busy_s": recorder.busy_s, "wait_s": recorder.wait_s, "loss": recorder.loss,
             "local_batch_per_epoch": recorder.local_batch,
             "step_delay_ms": delay_ms, "cpu_share": os.environ.get("HVD_BALANCE_CPU_SHARE"),
-            "benchmark_begin_at": before.at, "benchmark_end_at": after.at}
+            "benchmark_begin_at": before.at, "benchmark_end_at": after.at,
+            "accuracy": accuracy, "eval_s": eval_s}
     ranks = collective.allgather_object(mine, name="hvd_balance.bench.results")
     if rank == 0:
         plan = balancer.plan if balancer is not None else hvd_balance.Plan.uniform(args.global_batch, size)
@@ -237,6 +274,10 @@ def run_worker(args) -> int:
             "benchmark_phase_rank0_s": (after.at - before.at) if balancer is not None else 0.0,
             "benchmark_measure_s": plan.benchmark_s,
             "final_loss": float(np.mean([r["loss"][-1] for r in ranks])),
+            "batch_norm": args.batch_norm if args.model == "resnet" else None,
+            "heldout": len(y_test),
+            # Rank 0's model (per-rank figures in ranks[i]["accuracy"]).
+            "accuracy": ranks[0]["accuracy"],
             "replans": balancer.history if balancer is not None else [],
             "ranks": ranks,
         }
@@ -245,6 +286,17 @@ def run_worker(args) -> int:
             json.dump(result, f, default=str)
         os.replace(tmp, args.job_out)
     return 0
+
+
+def heldout_accuracy(model, x, y, batch_size: int = 256):
+    """The share of ``x`` whose largest logit is its label ``y`` (``None`` for no samples);
+    inference mode (moving batch-normalization statistics, no step delay), no collective."""
+    import numpy as np
+
+    if len(y) == 0:
+        return None
+    logits = model.predict(x, batch_size=batch_size, verbose=0)
+    return float(np.mean(np.argmax(logits, axis=-1) == np.asarray(y)))
 
 
 def _benchmark_batches(text: Optional[str], global_batch: int, world_size: int):
