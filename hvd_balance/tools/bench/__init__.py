@@ -27,6 +27,15 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   every third of an epoch from the measured busy times (``LoadBalancer(benchmark=False,
   rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's.
 
+Models (``--model``): ``cnn`` (16x16x1 images), ``mlp`` (256 features), ``tiny`` (smoke
+runs), and two realistic ones (:mod:`hvd_balance.tools.bench.models`): ``resnet``, a ResNet-8
+with batch normalization on 32x32x3 images (``--batch-norm sync``:
+``hvd_balance.SyncBatchNormalization``, statistics over the global batch; ``local``: Keras's
+layer, per rank), and ``text``, an ``Embedding`` (sparse gradients) on token sequences. After
+its epochs every job measures the held-out accuracy (``--heldout`` samples drawn like the
+training ones, the same for every strategy; each rank predicts them with its own model), so
+the table compares accuracy after the same epochs as well as time.
+
 What is measured, per rank and per training step, inside the compiled step (``tf.timestamp``
 ops in the model's ``train_step``, which is Keras's own; identical for all strategies):
 
