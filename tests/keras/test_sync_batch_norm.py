@@ -8,7 +8,8 @@ import tensorflow as tf
 
 import hvd_balance
 import hvd_balance.keras as hvd
-from hvd_balance.keras.compat import KERAS3
+
+pytestmark = pytest.mark.stacks  # the conventions differ by stack: also run on the others in CI
 
 keras = tf.keras
 SyncBN = hvd_balance.SyncBatchNormalization
@@ -74,6 +75,21 @@ def test_synchronized_math_equals_keras_training_statistics(case, masked):
     for a, b in zip(w_sync, w_plain):  # gamma, beta, moving mean, moving variance
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert not np.allclose(w_sync[2], _pair(shape, momentum=0.7)[0].get_weights()[2])  # moved
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_a_training_tensor_chooses_the_synchronized_or_the_inference_path(monkeypatch, training):
+    # A boolean tensor known only when the step runs (Keras 2's learning phase): both paths in
+    # the graph, every rank takes the same branch. The synchronized one is forced with 1 rank.
+    from hvd_balance.keras import sync_batch_norm
+    monkeypatch.setattr(sync_batch_norm, "_synchronizing", lambda: True)
+    x = tf.constant(np.random.default_rng(0).normal(2.0, 3.0, size=(6, 4)).astype("float32"))
+    plain, sync = _pair((6, 4), momentum=0.7)
+    run = tf.function(lambda flag: sync(x, training=flag),
+                      input_signature=[tf.TensorSpec([], tf.bool)])
+    np.testing.assert_allclose(run(tf.constant(training)), plain(x, training=training), rtol=1e-5, atol=1e-5)
+    for a, b in zip(sync.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_mixed_precision_keeps_the_input_dtype_and_float32_statistics():
