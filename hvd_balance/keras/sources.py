@@ -135,6 +135,7 @@ class RecordIndex:
     file_ids: np.ndarray
     offsets: np.ndarray
     lengths: np.ndarray
+    file_keys: List[Tuple[int, int]]  # (size, mtime_ns) of each file when it was indexed
     bytes_read: int = 0
     records_read: int = 0
 
@@ -143,8 +144,9 @@ class RecordIndex:
               selections: Optional[Sequence[Tuple[int, Optional[int]]]] = None) -> "RecordIndex":
         """The index of ``files``; ``selections[f] = (skip, take)`` keeps a slice of file ``f``
         (``take=None``: to its end)."""
-        ids, offsets, lengths = [], [], []
+        ids, offsets, lengths, keys = [], [], [], []
         for f, path in enumerate(files):
+            keys.append(_file_key(path))
             off, length = file_offsets(path, index_dir)
             skip, take = selections[f] if selections is not None else (0, None)
             end = len(off) if take is None else skip + take
@@ -154,7 +156,8 @@ class RecordIndex:
             ids.append(np.full(end - skip, f, np.int32))
             offsets.append(off[skip:end])
             lengths.append(length[skip:end])
-        return cls(list(files), np.concatenate(ids), np.concatenate(offsets), np.concatenate(lengths))
+        return cls(list(files), np.concatenate(ids), np.concatenate(offsets), np.concatenate(lengths),
+                   keys)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -169,7 +172,14 @@ class RecordIndex:
             with self._lock:
                 fd = self._fds.get(file_id)
                 if fd is None:
-                    fd = self._fds[file_id] = os.open(self.files[file_id], os.O_RDONLY)
+                    fd = os.open(self.files[file_id], os.O_RDONLY)
+                    stat = os.fstat(fd)
+                    if (stat.st_size, stat.st_mtime_ns) != self.file_keys[file_id]:
+                        os.close(fd)  # its offsets may point anywhere now: refuse, never misread
+                        raise ValueError(f"TFRecord file {self.files[file_id]!r} changed since it "
+                                         f"was indexed (size, mtime_ns now {stat.st_size}, "
+                                         f"{stat.st_mtime_ns}; then {self.file_keys[file_id]})")
+                    self._fds[file_id] = fd
         return fd  # one descriptor a file, shared: os.pread has no file position to race on
 
     def read(self, key) -> bytes:

@@ -152,6 +152,16 @@ def test_a_corrupt_record_is_named_by_file_and_number(records):
         BalancedData.from_tfrecords(records, rf.parse_id, global_batch_size=10, rank=0, world_size=1)
 
 
+def test_a_file_changed_after_indexing_is_refused_not_misread(records):
+    data = BalancedData.from_tfrecords(records, rf.parse_id, global_batch_size=10, rank=0,
+                                       world_size=1, shuffle=False)
+    os.remove(records[2])
+    rf.write_records(os.path.dirname(records[2]) + "/new", [1])
+    os.replace(os.path.dirname(records[2]) + "/new/part-0.tfrecord", records[2])
+    with pytest.raises(Exception, match=r"part-2\.tfrecord' changed since it was indexed"):
+        list(data)
+
+
 def test_compressed_records_are_refused(tmp_path):
     path = str(tmp_path / "z.tfrecord")
     with tf.io.TFRecordWriter(path, options="GZIP") as w:

@@ -1,7 +1,9 @@
 """BalancedData's input sources on 2 real ranks (TFRecord files, tfds, a tf.data.Dataset):
 equal steps, every rank parsing exactly its own records and every record once an epoch; bad
-input refused on every rank, with the cause named, before any step and without a hang."""
+input refused on every rank, with the cause named, before any step and without a hang; a
+record that fails to parse in the middle of an epoch stops every rank (hvd_balance.watchdog)."""
 import os
+import re
 import sys
 
 import pytest
@@ -58,8 +60,16 @@ def test_bad_input_is_refused_on_every_rank_naming_the_cause(inputs):
                 "corrupt_record": r"ValueError: .*bad\.tfrecord.*record 11 \(0-based\) is corrupt",
                 "parse_fails": r"ValueError: parse_fn failed on the first record of .*part-0",
                 "empty_split": r"ValueError: split 'train\[:0\]' .* is empty"}
-    import re
     for r in (0, 1):
         for case, pattern in expected.items():
             error = per_rank[r]["errors"][case]
             assert error and re.search(pattern, error), (r, case, error)
+
+
+@pytest.mark.timeout(420)
+def test_a_record_failing_mid_epoch_on_one_rank_stops_every_rank(inputs, tmp_path):
+    run = run_ranks(SCRIPT, np=2, args=["midway", *inputs], timeout=360,
+                    env={"HVD_BALANCE_WATCHDOG_DIR": tmp_path / "watchdog"})
+    assert run.returncode != 0 and "FINISHED" not in run.stdout, run.stdout[-4000:]
+    assert "bad record id" in run.stdout, run.stdout[-4000:]
+    assert not run.leftovers  # no rank outlived the launcher: none hung in the allreduce

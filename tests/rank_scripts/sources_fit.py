@@ -9,6 +9,8 @@ cover: for each source (TFRecord files, tfds, a tf.data.Dataset) ``fit`` runs 2 
 bad: the cases each rank must refuse at construction: a missing file, a corrupt record
     (RECORDS_DIR/corrupt/), a parse function that fails, an empty tfds split. Emits
     {"rank", "errors": {case: "<type>: <message>" or null}}.
+midway: hvd_balance.watchdog on; the parse function fails on records 90..99, which only the
+    rank(s) given them meet, in the middle of the first epoch; prints FINISHED if fit returns.
 """
 import os
 import sys
@@ -116,6 +118,18 @@ elif mode == "bad":
             rf.TFDS_NAME, "train[:0]", global_batch_size=16, data_dir=tfds_dir)),
     }
     emit({"rank": rank, "errors": errors})
+elif mode == "midway":
+    from hvd_balance import watchdog
+    watchdog.install()
+
+    def parse_until_90(record):
+        ids = tf.io.parse_single_example(record, rf.FEATURES)["id"]
+        with tf.control_dependencies([tf.debugging.assert_less(
+                ids, tf.constant(90, tf.int64), message="bad record id")]):
+            return tf.stack([tf.cast(ids, tf.float32), 1.0]), ids % 10
+
+    train(hvd_balance.BalancedData.from_tfrecords(files, parse_until_90, global_batch_size=16, seed=1))
+    print(f"FINISHED {rank}", flush=True)
 else:
     raise SystemExit(f"unknown mode {mode!r}")
 print(f"DONE {rank}", flush=True)
