@@ -53,7 +53,7 @@ def _linear_data(input_shape, samples: int, heldout: int, seed: int):
     x_test = rng.standard_normal((heldout,) + tuple(input_shape), dtype=np.float32)
 
     def label(inputs):
-        return np.argmax(inputs.reshape(len(inputs), -1) @ w, axis=1).astype("int32")
+        return np.argmax(inputs.reshape(len(inputs), len(w)) @ w, axis=1).astype("int32")
 
     return x, label(x), x_test, label(x_test)
 
