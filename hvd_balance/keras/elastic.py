@@ -197,6 +197,7 @@ class _SegmentCommit(tf.keras.callbacks.Callback):
 
 def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method: str = "minmax",
                max_batch_size=None, benchmark_batches: Optional[Sequence[int]] = None,
+               min_batch_size=None,
                repeats: int = BENCHMARK_REPEATS, verbose: int = 1) -> Plan:
     """Move ``state``'s data to the current world and apply a plan made for it (collective).
 
@@ -208,6 +209,8 @@ def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method
             shares), or a :class:`Plan` (used while it fits the world size; the uniform split
             otherwise).
         method, max_batch_size, benchmark_batches, repeats: as for :class:`LoadBalancer`.
+        min_batch_size: as for :class:`LoadBalancer` (one int fits every world size); a
+            given or uniform plan must meet it.
         verbose: 1 prints the plan table on rank 0.
 
     Returns:
@@ -227,17 +230,21 @@ def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method
         "hvd_balance.elastic.check_job", world_size=size, global_batch_size=data.global_batch_size,
         seed=data.seed, num_samples=data.num_samples, steps=data.steps,
         segment_steps=data.segment_steps, epoch=state.epoch, step=state.step,
-        parameters=plan_sync.trainable_parameters(model))
+        parameters=plan_sync.trainable_parameters(model), min_batch_size=min_batch_size)
     if isinstance(plan, Plan) and plan.world_size == size:
         chosen = plan_sync.resolve_given_plan(plan, data)
     elif plan == "benchmark":
         chosen = plan_sync.benchmark_and_plan(model, data, method=method,
                                               max_batch_size=max_batch_size,
-                                              batch_sizes=benchmark_batches, repeats=repeats)
+                                              batch_sizes=benchmark_batches, repeats=repeats,
+                                              min_batch_size=min_batch_size)
     elif plan == "uniform" or isinstance(plan, Plan):
         chosen = Plan.uniform(data.global_batch_size, size)
     else:
         raise ValueError(f"plan must be 'benchmark', 'uniform' or a Plan; got {plan!r}")
+    if min_batch_size is not None and plan != "benchmark":  # a given or the uniform plan
+        chosen = collective.all_ok(lambda: chosen.with_floors(min_batch_size),
+                                   name="hvd_balance.elastic.min_batch_size")
     collective.all_ok(lambda: plan_sync.apply_plan(chosen, data, model.optimizer,
                                                    state.validation_data),
                       name="hvd_balance.elastic.apply_plan")
@@ -249,7 +256,7 @@ def plan_world(state: ElasticState, plan: Union[str, Plan] = "benchmark", method
 
 
 def fit(state: ElasticState, epochs: int, *, plan: Union[str, Plan] = "benchmark",
-        method: str = "minmax", max_batch_size=None,
+        method: str = "minmax", max_batch_size=None, min_batch_size=None,
         benchmark_batches: Optional[Sequence[int]] = None, repeats: int = BENCHMARK_REPEATS,
         callbacks: Sequence[tf.keras.callbacks.Callback] = (), verbose: int = 0,
         plan_verbose: int = 1, **fit_kwargs):
@@ -263,8 +270,8 @@ def fit(state: ElasticState, epochs: int, *, plan: Union[str, Plan] = "benchmark
     Args:
         state: the :class:`ElasticState` passed to the decorated function.
         epochs: the total number of epochs (as ``model.fit``'s ``epochs``).
-        plan, method, max_batch_size, benchmark_batches, repeats: how to plan each world,
-            see :func:`plan_world`.
+        plan, method, max_batch_size, min_batch_size, benchmark_batches, repeats: how to plan
+            each world, see :func:`plan_world`.
         callbacks: Keras callbacks for every ``fit`` call (they see the absolute epoch
             numbers; do not add Horovod's commit or state-update callbacks).
         verbose: ``model.fit``'s verbosity.
@@ -280,7 +287,8 @@ def fit(state: ElasticState, epochs: int, *, plan: Union[str, Plan] = "benchmark
         if key in fit_kwargs:
             raise TypeError(f"elastic.fit sets {key!r} itself; got {key}={fit_kwargs[key]!r}")
     plan_world(state, plan, method=method, max_batch_size=max_batch_size,
-               benchmark_batches=benchmark_batches, repeats=repeats, verbose=plan_verbose)
+               benchmark_batches=benchmark_batches, repeats=repeats, verbose=plan_verbose,
+               min_batch_size=min_batch_size)
     model, data = state.model, state.data
     validation = state.validation_data
     history = None

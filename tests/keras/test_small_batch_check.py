@@ -117,3 +117,17 @@ def test_wrapped_layers_are_found():
         tf.keras.layers.BatchNormalization(name="top_bn")])
     assert unsynchronized_batch_norm_layers(model) == ["td/bn", "top_bn"]
     assert small_batch_check.warn_small_batches(model, hvd_balance.Plan.from_batch_sizes([64])) is None
+
+
+def test_elastic_plans_keep_min_batch_size():
+    hvd.init()
+    model = nested_bn_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)), loss="mse")
+    state = hvd_balance.elastic.ElasticState(model, data_of(32))
+    plan = hvd_balance.elastic.plan_world(state, "uniform", min_batch_size=16, verbose=0)
+    assert plan.batch_sizes == (32,) and plan.min_batch_sizes == (16,)
+    plan = hvd_balance.elastic.plan_world(state, min_batch_size=16, benchmark_batches=[8, 16],
+                                          repeats=1, verbose=0)
+    assert plan.min_batch_sizes == (16,) and state.plan is plan
+    with pytest.raises(ValueError, match=r"rank 0: ranks\[0\].local_batch 32 is below its min_batch_size 40"):
+        hvd_balance.elastic.plan_world(state, "uniform", min_batch_size=40, verbose=0)
