@@ -73,7 +73,8 @@ def _record_lengths(path: str) -> np.ndarray:
         except (tf.errors.DataLossError, tf.errors.OutOfRangeError):
             pass
         raise ValueError(f"TFRecord file {path!r}: record {good} (0-based) is corrupt or "
-                         f"truncated: {err.message}") from None
+                         f"truncated (or the file is compressed: only uncompressed files can be "
+                         f"read by offset): {err.message}") from None
     return np.concatenate(lengths).astype(np.int64) if lengths else np.zeros(0, np.int64)
 
 
