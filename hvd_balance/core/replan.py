@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -128,7 +128,8 @@ def robust_busy(samples: Sequence[float]):
 
 def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRESHOLD,
            method: str = "minmax", noise: Optional[Sequence[float]] = None,
-           previous: Optional[Sequence[Sequence[float]]] = None) -> Decision:
+           previous: Optional[Sequence[Sequence[float]]] = None,
+           measured: Optional[Mapping[Tuple[int, ...], float]] = None) -> Decision:
     """Re-plan from measured busy seconds per step (one value per rank).
 
     Args:
@@ -140,6 +141,11 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
         noise: optional relative standard error of each rank's busy time; the plan changes
             only for a gain above ``threshold + 2 * max(noise)``.
         previous: optional ``(local_batch, busy_s)`` per rank from the window before.
+        measured: optional slowest busy seconds per step measured earlier under other
+            plans, by batch sizes. A proposal that ran before is judged by what it measured
+            when that is worse than the curves predict: a cost that overlaps the step (a
+            prefetched input that hides below some batch) bends the curves, and re-planning
+            would otherwise swing between two plans.
 
     Raises:
         ValueError: for a wrong number of measurements or a non-positive or non-finite one.
@@ -161,7 +167,9 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
                             min_batch_sizes=plan.min_batch_sizes,
                             method=method, hosts=plan.hosts, devices=plan.devices,
                             benchmark_s=plan.benchmark_s)  # what finding the first plan cost
-    gain = 1.0 - proposal.predicted_makespan_s / current
+    expected = max(proposal.predicted_makespan_s,
+                   (measured or {}).get(tuple(proposal.batch_sizes), 0.0))
+    gain = 1.0 - expected / current
     efficiency = balance_efficiency(busy)
     required = threshold + 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
     if gain > required and proposal.batch_sizes != plan.batch_sizes:

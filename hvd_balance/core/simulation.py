@@ -289,6 +289,7 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
     base_s = {s: cluster.step_s(b) for s, b in batches.items()}
     smallest = {s: int(b.min()) for s, b in batches.items()}  # smallest local batch used
     adaptive_plan, previous = static, None  # what the adaptive strategy has learned
+    measured = {}  # as the LoadBalancer keeps it: each plan's slowest measured busy time
     makespan = {s: np.empty(steps) for s in STRATEGIES}
     efficiency = {s: np.empty(steps) for s in STRATEGIES}
     idle = {s: np.empty(steps) for s in STRATEGIES}
@@ -310,9 +311,11 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
                 # Each rank's median busy time of the window and its noise, exactly what the
                 # callback hands the same rule.
                 stats = [robust_busy(busy[:, i]) for i in range(n)]
+                measured[tuple(adaptive_plan.batch_sizes)] = max(m for m, _ in stats)
                 decision = decide(adaptive_plan, [m for m, _ in stats],
                                   round_threshold(threshold, calibrating=previous is None),
-                                  noise=[e for _, e in stats], previous=previous)
+                                  noise=[e for _, e in stats], previous=previous,
+                                  measured=measured)
                 previous = list(zip(adaptive_plan.batch_sizes, decision.busy_s))
                 adaptive_plan = decision.plan
                 if decision.changed:

@@ -192,6 +192,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         data = self.data
         self.history, self._last, self._pending, self._previous = [], [], {}, None
         self._pooled, self.plan = [], None
+        self._measured = {}  # the slowest busy seconds per step each plan measured, by batches
         self._epoch = data.epoch
         spe = compat.steps_per_execution(self.model)
         if isinstance(self.rebalance, int) and self.rebalance % spe:
@@ -289,6 +290,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                   "busy_rse": [w["busy_rse"] for w in window]}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
+            self._measured[tuple(self.plan.batch_sizes)] = max(busy)
             if self.rebalance != "off" and min(w["busy_n"] for w in window) >= MIN_SAMPLES:
                 threshold = round_threshold(self.threshold, self._calibrating)
                 decision = collective.agree(lambda: self._decide(window, threshold),
@@ -310,11 +312,12 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         samples since the batches last changed (smaller error, same batches)."""
         busy = [w["busy_s"] for w in window]
         noise = [w["busy_rse"] for w in window]
-        decision = decide(self.plan, busy, threshold, self.method, noise, self._previous)
+        decision = decide(self.plan, busy, threshold, self.method, noise, self._previous,
+                          self._measured)
         pooled = [w["pooled_busy_s"] for w in window]
         if not decision.changed and all(p is not None and p > 0 for p in pooled):
             again = decide(self.plan, pooled, threshold, self.method,
-                           [w["pooled_busy_rse"] for w in window])
+                           [w["pooled_busy_rse"] for w in window], measured=self._measured)
             if again.changed:
                 return again
         return decision

@@ -46,8 +46,9 @@ def job_command(args, strategy: str, job_out: str) -> List[str]:
             "--model", args.model, "--epochs", str(args.epochs),
             "--global-batch", str(args.global_batch), "--samples", str(args.samples),
             "--seed", str(args.seed), "--lr", str(args.lr),
-            "--benchmark-repeats", str(args.benchmark_repeats), "--job-out", job_out,
-            "--batch-norm", args.batch_norm, "--heldout", str(args.heldout)]
+            "--job-out", job_out, "--batch-norm", args.batch_norm, "--heldout", str(args.heldout)]
+    if args.benchmark_repeats is not None:
+        cmd += ["--benchmark-repeats", str(args.benchmark_repeats)]
     if args.benchmark_batches:
         cmd += ["--benchmark-batches", args.benchmark_batches]
     if args.tf_data_autotune:
@@ -288,7 +289,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="per rank fixed delay per training step, e.g. 0,15")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated, run in this order in every repetition; also "
-                        "'adaptive' (balanced, re-planned every epoch from measured busy times) "
+                        "'static' (the benchmark's minmax plan, never re-planned), "
+                        "'adaptive' (rebalance='epoch': balanced's default) "
                         "and 'telemetry' (no benchmark: equal batches, then re-planned every "
                         "third of an epoch)")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each strategy")
@@ -303,8 +305,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark-batches", default=None,
                    help="LoadBalancer benchmark sizes: samples (64,128) or multiples of B/N "
                         "(0.5x,1x); default: the LoadBalancer's own")
-    p.add_argument("--benchmark-repeats", type=int, default=5,
-                   help="LoadBalancer timed repeats per size (default %(default)s)")
+    p.add_argument("--benchmark-repeats", type=int, default=None,
+                   help="LoadBalancer timed repeats per size (default: the LoadBalancer's own)")
     p.add_argument("--period-us", type=int, default=10_000,
                    help="CFS period of the CPU quotas (hvd_balance.emulate --period-us)")
     p.add_argument("--tf-data-autotune", action="store_true",
@@ -348,7 +350,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if "--" + key.replace("_", "-") not in given:
                 setattr(args, key, value)
     for key in ("reps", "epochs", "global_batch", "samples", "benchmark_repeats"):
-        if getattr(args, key) < 1:
+        if getattr(args, key) is not None and getattr(args, key) < 1:
             raise SystemExit(f"hvd_balance.bench: --{key.replace('_', '-')} must be >= 1; "
                              f"got {getattr(args, key)}")
     if args.heldout < 0:

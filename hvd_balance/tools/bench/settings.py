@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from ...core.replan import MIN_SAMPLES
 
+# uniform: plain Horovod, equal batches; proportional: the paper's rule from the benchmark,
+# kept (LoadBalancer(method="proportional", rebalance="off")); balanced: LoadBalancer(data)
+# with every default (the minmax plan, calibrated by the first epoch's real steps and
+# re-planned at epoch ends).
 STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this order
-# "adaptive" (on request): balanced, then re-planned at every epoch end from the measured
-# busy times (LoadBalancer(rebalance="epoch")). "telemetry" (on request): no benchmark,
-# equal batches first, re-planned every K steps (LoadBalancer(benchmark=False, rebalance=K)).
-ALL_STRATEGIES = STRATEGIES + ("adaptive", "telemetry")
-METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "adaptive": "minmax",
-             "telemetry": "minmax"}
+# On request: "static", the minmax plan from the benchmark alone, never re-planned
+# (LoadBalancer(rebalance="off"), the default before calibration); "adaptive", explicitly
+# LoadBalancer(rebalance="epoch") (today's default, kept for old commands); "telemetry", no
+# benchmark, equal batches first, re-planned every K steps (benchmark=False, rebalance=K).
+ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry")
+METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "static": "minmax",
+             "adaptive": "minmax", "telemetry": "minmax"}
 
 
 def telemetry_window(steps_per_epoch: int) -> int:

@@ -224,10 +224,13 @@ def run_worker(args) -> int:
         recorder = StepRecorder(model.step_timing, data, advance_epoch=True)
     else:
         balancer = hvd_balance.LoadBalancer(
-            data, method=METHOD_OF[args.strategy], verbose=0, repeats=args.benchmark_repeats,
+            data, method=METHOD_OF[args.strategy], verbose=0,
             benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
             benchmark=args.strategy != "telemetry",
-            rebalance={"adaptive": "epoch", "telemetry": window}.get(args.strategy, "off"))
+            # balanced is LoadBalancer(data) as a user writes it: the default re-planning
+            rebalance={"adaptive": "epoch", "telemetry": window, "proportional": "off",
+                       "static": "off"}.get(args.strategy),
+            **({"repeats": args.benchmark_repeats} if args.benchmark_repeats else {}))
         recorder = StepRecorder(model.step_timing, data)
         callbacks += [before, balancer, after]
     callbacks.append(recorder)
