@@ -224,17 +224,17 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("model, batch_norm, samples", [
-    pytest.param("resnet", "local", 256, id="resnet-local"),
-    pytest.param("resnet", "sync", 256, id="resnet-sync", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("model, batch_norm, samples, epochs", [
+    pytest.param("resnet", "local", 256, 1, id="resnet-local"),
+    pytest.param("resnet", "sync", 256, 1, id="resnet-sync", marks=pytest.mark.skipif(
         not models.sync_batch_norm_available(), reason="no hvd_balance.SyncBatchNormalization yet")),
-    pytest.param("text", "local", 2048, id="text")])
+    pytest.param("text", "local", 2048, 2, id="text")])
 def test_realistic_model_trains_on_two_ranks_and_reports_held_out_accuracy(
-        tmp_path, model, batch_norm, samples):
+        tmp_path, model, batch_norm, samples, epochs):
     """The worker's job, balanced (weighted optimizer and LoadBalancer), on 2 plain ranks."""
     job_out = tmp_path / "job.json"
     cmd = [PYTHON, "-m", "hvd_balance.bench", "--worker", "--strategy", "balanced",
-           "--model", model, "--batch-norm", batch_norm, "--epochs", "1", "--global-batch", "64",
+           "--model", model, "--batch-norm", batch_norm, "--epochs", str(epochs), "--global-batch", "64",
            "--samples", str(samples), "--heldout", "200", "--benchmark-repeats", "1",
            "--benchmark-batches", "8,16", "--job-out", job_out]
     run = run_ranks(cmd, np=2, timeout=260)
@@ -245,7 +245,7 @@ def test_realistic_model_trains_on_two_ranks_and_reports_held_out_accuracy(
     assert sum(result["local_batches"]) == 64
     assert result["steps_per_epoch"] == samples // 64
     ranks = result["ranks"]
-    assert [len(r["busy_s"][0]) for r in ranks] == [samples // 64] * 2
+    assert [[len(steps) for steps in r["busy_s"]] for r in ranks] == [[samples // 64] * epochs] * 2
     accuracies = [r["accuracy"] for r in ranks]
     assert result["accuracy"] == accuracies[0]
     # 200 held-out samples: an accuracy is a whole number of them.
@@ -254,8 +254,9 @@ def test_realistic_model_trains_on_two_ranks_and_reports_held_out_accuracy(
         # No per-rank state: every rank holds the same model, so the same accuracy.
         assert accuracies[0] == accuracies[1], accuracies
     if model == "text":
-        # 32 Adam steps on sparse (Embedding) gradients learn: chance is 0.1 (0.29 measured).
-        assert accuracies[0] > 0.2, accuracies
+        # 64 Adam steps on sparse (Embedding) gradients learn: chance is 0.1 (after 32 steps
+        # 0.20-0.29 measured, the plan changing which samples make each step).
+        assert accuracies[0] > 0.3, accuracies
     assert figures.summarize_job(result)["accuracy"] == accuracies[0]
 
 
