@@ -26,6 +26,16 @@ survivors' error is the same whatever happened, and ``horovodrun`` names the fir
   same message and exits with status 143; it exits earlier through the exception hook when
   its next collective fails.
 
+* a heartbeat over the network (:class:`_Channel`: a UDP datagram with the status record
+  to every peer on another host, every ``interval_s``): when no datagram has come for
+  ``lost_s`` (10 s) from a peer on another host that was heard before, its host is taken
+  as lost (link cut, host down) and the watchdog's thread prints ``hvd_balance: rank 0 (hostA, pid 120) stops: lost
+  rank 1 on hostB (pid 123): nothing heard over the network for 10 s ...`` and exits with
+  status 1, on both sides of the cut. It does not wait for the main thread, which may be
+  blocked in a collective that only Gloo's timeout (30 s) would end, nor for the launcher,
+  whose SIGTERM a blocked main thread never handles. A rank that exits normally says so
+  over the channel first, so its peers stop watching it.
+
 The peers' status files are found in the job directory, on this host: a peer on another
 host can be checked only when the directory is shared (``HVD_BALANCE_WATCHDOG_DIR`` on a
 file system every host mounts); otherwise a local peer is checked by its pid, a remote one is
@@ -68,7 +78,8 @@ _install_lock = threading.Lock()
 
 
 def install(directory: Optional[str] = None, interval_s: float = 0.5, grace_s: float = 3.0,
-            term_grace_s: float = 3.0, handle_sigterm: bool = True) -> "_Watchdog":
+            term_grace_s: float = 3.0, handle_sigterm: bool = True,
+            lost_s: float = 10.0) -> "_Watchdog":
     """Start this rank's watchdog (a collective: call it on every rank, after ``hvd.init()``).
 
     Args:
@@ -82,6 +93,9 @@ def install(directory: Optional[str] = None, interval_s: float = 0.5, grace_s: f
             leaves between SIGTERM and SIGKILL).
         term_grace_s: seconds a rank goes on after SIGTERM (to finish a step or a file).
         handle_sigterm: install the SIGTERM handler (only replaces the default action).
+        lost_s: seconds without a heartbeat datagram from a peer on another host after
+            which its host is taken as lost and this rank stops (keep it under the ssh
+            keep-alive's timeout, after which the launcher kills ranks it can no longer reach).
 
     Returns:
         The watchdog; calling :func:`install` again returns the same one.
@@ -96,7 +110,7 @@ def install(directory: Optional[str] = None, interval_s: float = 0.5, grace_s: f
     global _installed
     with _install_lock:
         if _installed is None:
-            dog = _Watchdog(directory, interval_s, grace_s, term_grace_s)
+            dog = _Watchdog(directory, interval_s, grace_s, term_grace_s, lost_s)
             dog.start(handle_sigterm)
             _installed = dog
         return _installed
@@ -139,18 +153,99 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def _own_addresses() -> List[str]:
+    """This host's IPv4 addresses, loopback last: a peer on another host sends its heartbeat
+    to each, since which one reaches this host depends on the network between them."""
+    try:
+        import psutil  # Horovod's own dependency
+
+        found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family == socket.AF_INET]
+    except Exception:  # noqa: BLE001 - no psutil, or no interfaces to read: the host name
+        try:
+            found = socket.gethostbyname_ex(socket.gethostname())[2]
+        except OSError:
+            found = []
+    return sorted(set(found), key=lambda a: (a.startswith("127."), a))
+
+
+class _Channel:
+    """The watchdog's heartbeat over the network: a UDP socket on every rank; each rank sends
+    its status record to every peer on another host and keeps the latest record heard from
+    each, with when (monotonic seconds) it came. UDP: a lost link only makes datagrams stop,
+    it never blocks the sender."""
+
+    def __init__(self):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.addresses = _own_addresses()
+        self.targets: List[Tuple[str, int]] = []
+        self.heard: Dict[int, Tuple[Dict, float]] = {}  # rank -> (record, monotonic time)
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+
+    def watch(self, peers: List[Dict]) -> None:
+        """Send to ``peers`` (dicts with ``addresses`` and ``port``) from now on."""
+        self.targets = [(a, p["port"]) for p in peers for a in p["addresses"]]
+        self.started = time.monotonic()
+        threading.Thread(target=self._receive, name="hvd_balance.watchdog.channel",
+                         daemon=True).start()
+
+    def send(self, record: Dict) -> None:
+        data = json.dumps(record).encode()[:60000]
+        for target in self.targets:
+            try:
+                self.sock.sendto(data, target)
+            except OSError:
+                pass  # no route (the link is down): the peer will notice the silence
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data, _ = self.sock.recvfrom(65536)
+                record = json.loads(data)
+                rank = int(record["rank"])
+            except socket.timeout:
+                continue
+            except (OSError, ValueError, KeyError, TypeError):
+                if self.sock.fileno() < 0:
+                    return
+                continue
+            with self._lock:
+                old = self.heard.get(rank)
+                if old is None or record.get("beat", 0) >= old[0].get("beat", 0):
+                    self.heard[rank] = (record, time.monotonic())
+
+    def record(self, rank: int) -> Optional[Dict]:
+        with self._lock:
+            entry = self.heard.get(rank)
+        return entry[0] if entry else None
+
+    def silent_s(self, rank: int) -> float:
+        """Seconds since the last datagram from ``rank`` (since watching began if none)."""
+        with self._lock:
+            entry = self.heard.get(rank)
+        return time.monotonic() - (entry[1] if entry else self.started)
+
+
 class _Watchdog:
-    def __init__(self, directory, interval_s, grace_s, term_grace_s):
+    def __init__(self, directory, interval_s, grace_s, term_grace_s, lost_s=10.0):
         self.interval_s = float(interval_s)
         self.grace_s = float(grace_s)
         self.term_grace_s = float(term_grace_s)
         self.stale_s = max(4.0 * self.interval_s, 2.0)
+        self.lost_s = float(lost_s)
         self.rank = collective.rank()
         self.size = collective.size()
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        mine = {"rank": self.rank, "host": self.host, "pid": self.pid, "job": uuid.uuid4().hex}
+        self.channel = _Channel()
+        mine = {"rank": self.rank, "host": self.host, "pid": self.pid, "job": uuid.uuid4().hex,
+                "addresses": self.channel.addresses, "port": self.channel.port}
         self.peers: List[Dict] = collective.allgather_object(mine, name="hvd_balance.watchdog")
+        self.remote = [p for p in self.peers if p["host"] != self.host]
         base = directory or os.environ.get(DIR_ENV) or tempfile.gettempdir()
         self.directory = os.path.join(base, f"hvd_balance-watchdog-{self.peers[0]['job']}")
         self.path = os.path.join(self.directory, f"rank{self.rank}.json")
@@ -168,6 +263,7 @@ class _Watchdog:
         self.beat += 1
         record = {"rank": self.rank, "host": self.host, "pid": self.pid, "state": self.state,
                   "error": self.error, "beat": self.beat, "time": time.time()}
+        self.channel.send(record)
         tmp = f"{self.path}.{self.pid}.tmp"
         try:
             with open(tmp, "w") as f:
@@ -177,20 +273,59 @@ class _Watchdog:
             pass  # a full or vanished disk must not take the rank down
 
     def _read(self, rank: int) -> Optional[Dict]:
+        """Peer ``rank``'s latest status: its file's or its last datagram's, the newer."""
         try:
             with open(os.path.join(self.directory, f"rank{rank}.json")) as f:
-                return json.load(f)
+                record = json.load(f)
         except (OSError, ValueError):
-            return None
+            record = None
+        heard = self.channel.record(rank)
+        if heard is not None and (record is None or heard.get("beat", 0) > record.get("beat", 0)):
+            return heard
+        return record
 
     def _beat(self) -> None:
         while not self._stop_beat.wait(self.interval_s):
             with self._lock:
                 if self.state == "running":
                     self._write()
+            lost = self.lost_peers()
+            if lost:
+                self._stop_lost(lost)
+
+    def lost_peers(self) -> List[Tuple[int, str]]:
+        """Peers on other hosts not heard over the network for ``lost_s``, each with a
+        description; peers that said they exited are not watched."""
+        lost = []
+        for peer in self.remote:
+            k = peer["rank"]
+            heard = self.channel.record(k)
+            silent_s = self.channel.silent_s(k)
+            # Never heard: UDP between these hosts may be blocked (a firewall), so the
+            # silence says nothing; the status files and Gloo's timeout still apply.
+            if heard is None or heard.get("state") == "exited" or silent_s < self.lost_s:
+                continue
+            last = heard.get("state")
+            lost.append((k, f"on {peer['host']} (pid {peer['pid']}): nothing heard over the "
+                            f"network for {silent_s:.0f} s, last state {last} (host down or "
+                            f"link cut?)"))
+        return lost
+
+    def _stop_lost(self, lost: List[Tuple[int, str]]) -> None:
+        """Stops this rank from the watchdog's thread: the main thread may be blocked in a
+        collective with the lost peer, and would stay blocked until Gloo's timeout."""
+        if not self._claim():
+            return
+        hosts = sorted({p["host"] for p in self.remote if p["rank"] in dict(lost)})
+        self._set_state("failed", f"lost host(s) {', '.join(hosts)}")
+        what = "; ".join(f"lost rank {k} {why}" for k, why in lost)
+        self._say(f"hvd_balance: rank {self.rank} ({self.host}, pid {self.pid}) stops: {what}")
+        self._cleanup_if_last()
+        os._exit(EXIT_FAILED)
 
     def start(self, handle_sigterm: bool) -> None:
         os.makedirs(self.directory, exist_ok=True)
+        self.channel.watch(self.remote)
         self._write()
         threading.Thread(target=self._beat, name="hvd_balance.watchdog", daemon=True).start()
         self._previous_hook = sys.excepthook
@@ -235,6 +370,13 @@ class _Watchdog:
                     gone.append((k, f"is stopped: pid {peer['pid']} on {peer['host']} is "
                                     f"suspended (SIGSTOP, a debugger?)"))
                     continue
+            heard = self.channel.record(k)
+            if not local and heard is not None and heard.get("state") != "exited" and \
+                    self.channel.silent_s(k) >= self.stale_s:
+                gone.append((k, f"stopped responding: nothing heard over the network for "
+                                f"{self.channel.silent_s(k):.0f} s (pid {peer['pid']} on "
+                                f"{peer['host']})"))
+                continue
             if record is None:
                 if not local:
                     unknown.append(k)
@@ -355,6 +497,10 @@ class _Watchdog:
         self._stop_beat.set()
         if self.state in ("running", "terminated"):
             self._set_state("exited")
+            for _ in range(2):  # UDP may drop one: the peers on other hosts stop watching
+                time.sleep(0.05)
+                self.channel.send({"rank": self.rank, "host": self.host, "pid": self.pid,
+                                   "state": "exited", "beat": self.beat + 1, "time": time.time()})
         if all((self._read(p["rank"]) or {}).get("state") == "exited"
                for p in self.peers if p["host"] == self.host):
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,9 +1,8 @@
 """Faults across hosts (hostA and hostB of the namespace cluster, one rank each, through
 ssh): a rank killed on hostB, or hostB's link cut mid-epoch, ends the job within 60 s with
-a non-zero status. A killed rank is named with its host by the watchdog and nothing is left;
-after a cut, horovodrun names rank 1 (its ssh session's status 255) but the watchdog does
-not name hostB (rank 0 is killed while blocked in the collective), and hostB's rank, cut off
-from the launcher, outlives the job until the test kills it (`Result.leftovers`)."""
+a non-zero status, the lost rank named with its host by the watchdog (a killed rank through
+the status files, a cut link through the watchdog's heartbeat over the network), and nothing
+left running on either host (the cut-off rank stops itself too)."""
 
 import re
 import time
@@ -49,5 +48,10 @@ def test_a_cut_link_ends_the_job_on_the_other_host(cluster):
     cluster.set_link_up("hostB", True)  # the module's other tests use the cluster after this
     assert run.returncode != 0 and "FINISHED" not in run.stdout, run.stdout[-4000:]
     assert ended - _fault_time(run, 0) < BOUND_S, run.stdout[-4000:]
-    # horovodrun names rank 1: its ssh session ended with ssh's own status for a lost link.
-    assert "Process 1 exit with status code 255." in run.stdout, run.stdout[-4000:]
+    # Rank 0's watchdog names the lost rank and its host, from its own thread (the main
+    # thread is blocked in the allreduce with rank 1).
+    last = [l for l in run.rank_lines(0, stream=None) if l.startswith("hvd_balance: rank 0 ")]
+    assert last and re.search(r"\(hostA, pid \d+\) stops: lost rank 1 on hostB \(pid \d+\): "
+                              r"nothing heard over the network", last[-1]), run.stdout[-4000:]
+    # hostB's rank, cut off from the launcher, stopped by itself: nothing left on either host.
+    assert not run.leftovers, run.stdout[-4000:]

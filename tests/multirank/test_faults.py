@@ -301,3 +301,48 @@ def test_watchdog_says_when_nobody_can_be_blamed(dog):
     text = dog.explain(0.2)
     assert text.startswith("no other rank was found failed, dead or silent")
     assert "ranks [1] on other hosts cannot be checked from here" in text
+
+
+def _wait_for(condition, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+def test_watchdog_names_a_peer_on_another_host_lost_over_the_network(dog):
+    """The heartbeat over UDP: a peer on another host heard once and then silent for
+    ``lost_s`` is lost (with its host); one that said it exited, or never heard (UDP may be
+    blocked between hosts), is not; and this rank's own status goes to its peers."""
+    from hvd_balance.keras.watchdog import _Channel
+
+    far = _Channel()
+    try:
+        dog.lost_s = 1.0
+        dog.remote = [{"rank": 1, "host": "far-host", "pid": 7, "addresses": ["127.0.0.1"],
+                       "port": far.port},
+                      {"rank": 2, "host": "mute-host", "pid": 8, "addresses": ["192.0.2.1"],
+                       "port": 9}]
+        dog.peers = [dog.peers[0], *dog.remote]
+        dog.channel.watch(dog.remote)
+        far.watch([{"addresses": ["127.0.0.1"], "port": dog.channel.port}])
+        far.send({"rank": 1, "host": "far-host", "pid": 7, "state": "running", "beat": 1})
+        _wait_for(lambda: dog.channel.record(1) is not None)
+        assert dog.lost_peers() == []
+        dog._write()  # this rank's status reaches the peer too
+        _wait_for(lambda: far.record(dog.rank) is not None)
+        assert far.record(dog.rank)["state"] == "running"
+        time.sleep(max(dog.lost_s, dog.stale_s) + 0.2)
+        lost = dict(dog.lost_peers())
+        assert list(lost) == [1]  # rank 2 was never heard
+        assert re.match(r"on far-host \(pid 7\): nothing heard over the network for \d+ s, last "
+                        r"state running", lost[1]), lost[1]
+        assert dict(dog.culprits()[0])[1].startswith("stopped responding: nothing heard over "
+                                                     "the network")
+        far.send({"rank": 1, "host": "far-host", "pid": 7, "state": "exited", "beat": 2})
+        _wait_for(lambda: dog.channel.record(1)["state"] == "exited")
+        assert dog.lost_peers() == []
+    finally:
+        far.sock.close()
+        dog.channel.sock.close()
