@@ -6,6 +6,8 @@ OUT: a directory for the logs and the marker file ``OUT/marker``, which the disc
     script reads; rank 0 creates it during the step that ends with its commit number
     MARKER_AT (so the discovered hosts change mid-run), holding the world size then; the
     ranks slow down while the world still has that size, so the reset comes mid-run.
+    MARKER_AT may be two commit numbers, ``6,14``: at the second, rank 0 makes
+    ``OUT/marker2`` the same way (two changes of hosts in one run).
 DIE_HOST: instead, the worker on host DIE_HOST (``HOROVOD_HOSTNAME``) SIGKILLs itself two
     steps after its commit number MARKER_AT, in the middle of a segment (a worker lost with
     uncommitted work).
@@ -33,7 +35,10 @@ import hvd_balance
 from hvd_balance import elastic
 
 hvd.init()
-out, epochs, marker_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, epochs = sys.argv[1], int(sys.argv[2])
+marker_ats = [int(m) for m in sys.argv[3].split(",")]
+marker_at = marker_ats[0]
+MARKERS = ["marker", "marker2"][:len(marker_ats)]
 die_host = sys.argv[4] if len(sys.argv) > 4 else None
 STEP_DELAY_S = 0.05
 log_file = open(os.path.join(out, f"worker-{os.getpid()}.log"), "a", buffering=1)
@@ -76,12 +81,22 @@ entry = 0
 
 
 def marker_size():
-    """The world size when the marker was made (None before)."""
-    try:
-        with open(os.path.join(out, "marker")) as f:
-            return int(f.read())
-    except OSError:
-        return None
+    """The world size when the latest marker was made (None before the first)."""
+    for name in reversed(MARKERS):
+        try:
+            with open(os.path.join(out, name)) as f:
+                return int(f.read())
+        except OSError:
+            continue
+    return None
+
+
+def marker_due():
+    """The marker rank 0 makes at the commit ending this step, or None."""
+    for name, at in zip(MARKERS, marker_ats):
+        if state.commits + 1 == at and not os.path.exists(os.path.join(out, name)):
+            return name
+    return None
 
 
 class Audit(tf.keras.callbacks.Callback):
@@ -108,11 +123,11 @@ class Audit(tf.keras.callbacks.Callback):
                     and (step + 1) % SEGMENT == 2):
                 log_file.write(f"KILLED {self.epoch} {step}\n")
                 os.kill(os.getpid(), signal.SIGKILL)
-        elif (hvd.rank() == 0 and state.commits + 1 == marker_at
-                and not os.path.exists(os.path.join(out, "marker"))):
-            with open(os.path.join(out, "marker.tmp"), "w") as f:
-                f.write(str(hvd.size()))  # the commit at the end of this step is `marker_at`
-            os.replace(os.path.join(out, "marker.tmp"), os.path.join(out, "marker"))
+        elif hvd.rank() == 0 and marker_due():
+            name = marker_due()
+            with open(os.path.join(out, f"{name}.tmp"), "w") as f:
+                f.write(str(hvd.size()))  # the commit at the end of this step is its number
+            os.replace(os.path.join(out, f"{name}.tmp"), os.path.join(out, name))
 
     def on_epoch_end(self, epoch, logs=None):
         self.offset = 0
