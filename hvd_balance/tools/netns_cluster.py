@@ -480,15 +480,20 @@ class NetnsCluster:
         self._sshd.clear()
 
 
-def attach(run_id: str) -> NetnsCluster:
-    """The running cluster ``run_id`` (made by another process, e.g. ``netns-cluster up``),
-    to run commands on with `NetnsCluster.ssh_command`; it stays owned by its maker."""
+def _owner_records(run_id: str):
+    """``(work dir, owner record)`` of run ``run_id``, for every readable record."""
     for path in _work_dirs(run_id):
         try:
             with open(os.path.join(path, OWNER_FILE)) as f:
-                owner = json.load(f)
+                yield path, json.load(f)
         except (OSError, ValueError):
             continue
+
+
+def attach(run_id: str) -> NetnsCluster:
+    """The running cluster ``run_id`` (made by another process, e.g. ``netns-cluster up``),
+    to run commands on with `NetnsCluster.ssh_command`; it stays owned by its maker."""
+    for path, owner in _owner_records(run_id):
         cluster = NetnsCluster(list(owner["hosts"]), run_id=run_id)
         cluster.workdir = path
         for host in cluster.hosts:
@@ -597,12 +602,7 @@ def teardown(run_id: str, timeout_s: float = 15.0) -> None:
 
 def owner_alive(run_id: str) -> bool:
     """Whether the process that made run ``run_id`` still runs (False without a record)."""
-    for path in _work_dirs(run_id):
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                owner = json.load(f)
-        except (OSError, ValueError):
-            continue
+    for _, owner in _owner_records(run_id):
         return owner.get("start") is not None and _process_start(owner["pid"]) == owner["start"]
     return False
 
