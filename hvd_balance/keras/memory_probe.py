@@ -12,6 +12,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from ..core.memory_caps import search_max_batch
+from .sync_batch_norm import local_statistics
 
 # Messages of errors that are an out-of-memory under another name (CUDA, XLA, allocators).
 _OOM_TEXT = ("out of memory", "oom when allocating", "resource_exhausted", "resource exhausted",
@@ -78,7 +79,8 @@ def make_probe_step(model, x_sample, y_sample=None, loss=None) -> Callable[[int]
     def run(batch: int) -> None:
         x = _tile(x_sample, batch)
         y = None if y_sample is None else _tile(y_sample, batch)
-        value, grad_sum = step(x, y)
+        with local_statistics():  # a (re)trace here: synchronized layers run no collective
+            value, grad_sum = step(x, y)
         float(value), float(grad_sum)  # to the host: waits for the device, so an OOM is raised here
 
     return run

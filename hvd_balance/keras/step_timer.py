@@ -7,7 +7,10 @@ changed; non-trainable state such as BatchNorm statistics is restored afterwards
 are drawn from the rank's real data, so shapes and dtypes are the ones training will see.
 The step is traced once, with the batch dimension left open, and serves every size. Each
 batch size gets warm-up calls, then ``repeats`` timed calls, round-robin over the sizes. No
-collective runs inside the timed region.
+collective runs inside the timed region: the step is traced inside
+``sync_batch_norm.local_statistics()``, so synchronized batch normalization uses the rank's own
+statistics there (its allreduce would make each rank wait for the others, and every rank look
+as slow as the slowest).
 
 Outliers. A shared machine hiccups: one repeat can take ten times the others, and a rank can
 be so busy with other work that all its timings are noise. So that the plan stays sane:
@@ -38,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import collective, compat
+from .sync_batch_norm import local_statistics
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +147,8 @@ class StepTimer:
 
         specs = [None if part is None else tf.nest.map_structure(any_batch, part)
                  for part in (self.x, self.y, self.sample_weight)]
-        self._step = tf.function(step).get_concrete_function(*specs)
+        with local_statistics():  # read when tracing: the traced step runs no collective
+            self._step = tf.function(step).get_concrete_function(*specs)
 
     def time(self, sizes: Sequence[int], repeats: int = BENCHMARK_REPEATS, warmup: int = 1,
              clock: Clock = time.perf_counter, who: str = "this rank") -> List[float]:

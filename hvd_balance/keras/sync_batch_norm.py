@@ -18,15 +18,23 @@ Horovod's own gradient of an allreduce is the unweighted sum, off by ``w_i / w_k
 
 :func:`convert_sync_batchnorm` returns a copy of a model with every ``BatchNormalization``
 replaced by the synchronized layer, weights carried over.
+
+Timing. Inside :func:`local_statistics` the layer is traced with each rank's own statistics and
+no collective, so a rank can time or probe its step alone (the ``StepTimer`` and the memory
+probe do). In training each allreduce is timed (``telemetry.timed_collective``), so the
+telemetry counts the time a fast rank waits in it for a slow one as wait, not busy, time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 
 import tensorflow as tf
 
 from . import compat
+from .telemetry import timed_collective
 
 keras = compat.keras
 
@@ -42,21 +50,53 @@ def _global_sum(local_stats, local_samples, name: str):
     docstring)."""
     import horovod.tensorflow as hvd
 
+    def allreduce_sum(tensor, op_name):
+        return timed_collective(lambda t: hvd.allreduce(t, op=hvd.Sum, name=op_name), tensor)
+
     @tf.custom_gradient
     def reduce(stats):
         def grad(upstream):
-            weighted = hvd.allreduce(upstream * local_samples, op=hvd.Sum, name=name + "_grad")
+            weighted = allreduce_sum(upstream * local_samples, name + "_grad")
             return tf.math.divide_no_nan(weighted, local_samples)
 
-        return hvd.allreduce(stats, op=hvd.Sum, name=name), grad
+        return allreduce_sum(stats, name), grad
 
     return reduce(local_stats)
 
 
+_local = threading.local()  # .depth: how many local_statistics() blocks this thread is in
+
+
+@contextlib.contextmanager
+def local_statistics():
+    """Within this block, :class:`SyncBatchNormalization` layers traced or called in training
+    use this rank's own batch statistics (Keras's ``BatchNormalization``) and run no
+    collective, so one rank can trace and time its step alone (the ``StepTimer`` and the
+    memory probe enter it; ranks timing different batch sizes would otherwise wait for each
+    other in the layer's allreduce). Read when the layer is traced: a ``tf.function`` traced
+    inside the block keeps the local statistics when it is called later.
+
+    Example:
+
+    ```python
+    with hvd_balance.keras.sync_batch_norm.local_statistics():
+        step = tf.function(train_step).get_concrete_function(x_spec, y_spec)
+    ```
+    """
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
 def _synchronizing() -> bool:
-    """Whether there is more than one rank to synchronize with (else Keras's own layer)."""
+    """Whether there is more than one rank to synchronize with (else Keras's own layer) and
+    no :func:`local_statistics` block is open."""
     import horovod.tensorflow as hvd
 
+    if getattr(_local, "depth", 0) > 0:
+        return False
     return hvd.is_initialized() and hvd.size() > 1
 
 
@@ -69,7 +109,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     its gradients (weighted as hvd_balance's ``DistributedOptimizer`` weights each rank's
     gradient, ``b_i / B``) and the moving statistics equal what Keras's ``BatchNormalization``
     computes on the global batch in one process, and the moving statistics are the same on
-    every rank. In inference, and with one rank or before ``hvd.init()``, it is Keras's layer.
+    every rank. In inference, with one rank, before ``hvd.init()`` and when traced inside
+:func:`local_statistics`, it is Keras's layer.
     Costs one allreduce of ``3 x channels`` floats per layer in the forward pass and one in the
     backward pass. The arguments are Keras's ``BatchNormalization``'s (``renorm`` and Keras 2's
     ``virtual_batch_size`` and ``adjustment`` are refused); statistics are computed in float32.

@@ -6,10 +6,21 @@ gradients:
 * ``ready``: when this rank's local gradients are all computed, just before the allreduce;
 * ``end``: when the allreduced gradients are back.
 
-*Busy* time of a step is ``ready - end of the previous step``: everything this rank did on
-its own (the previous step's weight update, fetching the input, Keras's per-step work
-between steps, forward, backward). *Wait* time is ``end - ready``: the allreduce, which
-lasts until the slowest rank is ready. (A timestamp after the update itself is not reliably
+*Busy* time of a step is ``ready - end of the previous step``, less the seconds this rank
+waited in synchronized layers during it: everything this rank did on its own (the previous
+step's weight update, fetching the input, Keras's per-step work between steps, forward,
+backward), minus the time it waited in synchronized layers. *Wait* time is ``end - ready``
+(the allreduce, which lasts until the slowest rank is ready) plus those seconds.
+
+Synchronized layers. A layer that runs a collective inside the step (``SyncBatchNormalization``:
+one allreduce in the forward pass, one in the backward) makes the fast rank wait there for the
+slow one, which would make every rank's busy time equal. Such a layer runs its collective
+through :func:`timed_collective`, which adds the seconds from its input being ready to its
+result being back to one per-process accumulator; :meth:`StepTelemetry.mark_ready` subtracts
+them from the step's busy time, counts them as wait, and resets the accumulator. (Inside one
+``tf.function``, TensorFlow orders the operations on one resource variable in the order they
+were created: the layers' additions, created in the forward pass and in ``tape.gradient``,
+come before ``mark_ready``'s read, created when the gradients are reduced.) (A timestamp after the update itself is not reliably
 ordered after it inside Keras's compiled step, so the update counts as busy time.) The sums live in ``tf.Variable``s and are read every few steps, so there is no
 device-to-host synchronisation per step. The first step after a read (or after a pause such as
 validation) is not counted in busy time, since its gap includes the pause.
@@ -20,6 +31,47 @@ from __future__ import annotations
 from typing import Dict
 
 import tensorflow as tf
+
+
+_collective_seconds = None  # the per-process accumulator (float64 seconds), made on first use
+
+
+def collective_seconds() -> tf.Variable:
+    """The seconds this process has waited in synchronized layers' collectives since the last
+    :meth:`StepTelemetry.mark_ready` (a float64 ``tf.Variable``, one per process)."""
+    global _collective_seconds
+    if _collective_seconds is None:
+        with tf.init_scope():  # created once, outside whatever function is being traced
+            _collective_seconds = tf.Variable(0.0, trainable=False, dtype=tf.float64,
+                                              name="hvd_balance_collective_s")
+    return _collective_seconds
+
+
+def timed_collective(collective, tensor):
+    """``collective(tensor)``, its seconds added to :func:`collective_seconds`.
+
+    The clock starts once ``tensor`` is computed (the collective is ordered after it) and
+    stops once the result is back; the result is returned ordered after the addition, so the
+    addition runs in every step that uses the result.
+    """
+    start = _timestamp_after([tensor])
+    with tf.control_dependencies([start]):
+        result = collective(tensor)
+    end = _timestamp_after([result])
+    with tf.control_dependencies([collective_seconds().assign_add(end - start)]):
+        return tf.identity(result)
+
+
+def _timestamp_after(tensors):
+    """``tf.timestamp()`` once every tensor of ``tensors`` (``None``s skipped) is computed."""
+    # A control dependency on the tensors themselves is not enough: Horovod's allreduce
+    # runs in a nested tf.function whose outputs can be forwarded before the reduction
+    # finishes. Reading one element of each tensor waits for the data itself.
+    probes = [tf.cast(tf.reshape(g.values if isinstance(g, tf.IndexedSlices) else g, [-1])[:1],
+                      tf.float64) for g in tensors if g is not None]
+    probe = tf.reduce_sum(tf.concat(probes, 0)) if probes else tf.constant(0.0, tf.float64)
+    with tf.control_dependencies([probe]):
+        return tf.timestamp()
 
 
 class StepTelemetry:
@@ -53,10 +105,16 @@ class StepTelemetry:
 
     def mark_ready(self, grads):
         """Record when the local gradients are ready; returns them ordered after that."""
-        now = self._timestamp_after(grads)
+        now = _timestamp_after(grads)
         last = self._last_end.read_value()
         counted = last > 0.0
-        busy = tf.where(counted, now - last, tf.constant(0.0, tf.float64))
+        # Waited in synchronized layers since the previous mark: wait, not busy, time.
+        in_layers = collective_seconds().read_value()
+        with tf.control_dependencies([in_layers]):
+            cleared = collective_seconds().assign(0.0)
+        zero = tf.constant(0.0, tf.float64)
+        busy = tf.where(counted, tf.maximum(now - last - in_layers, zero), zero)
+        layer_wait = tf.where(counted, in_layers, zero)
         # Written every step; the slot only advances on a counted step, so an uncounted
         # step's zero is overwritten by the next counted one.
         slot = tf.math.floormod(self._busy_steps.read_value(), self.capacity)
@@ -64,27 +122,17 @@ class StepTelemetry:
         with tf.control_dependencies([write]):
             counted_steps = self._busy_steps.assign_add(tf.cast(counted, tf.int64))
         return self._after([self._ready.assign(now), self._busy.assign_add(busy), counted_steps,
-                            self._counted.assign(counted)],
+                            self._counted.assign(counted), self._wait.assign_add(layer_wait),
+                            cleared],
                            grads)
 
     def mark_end(self, grads):
         """Record when the allreduced gradients are back; returns them ordered after that."""
-        now = self._timestamp_after(grads)
+        now = _timestamp_after(grads)
         wait = tf.where(self._counted.read_value(), now - self._ready.read_value(),
                         tf.constant(0.0, tf.float64))
         return self._after([self._wait.assign_add(wait),
                             self._last_end.assign(now), self._steps.assign_add(1)], grads)
-
-    @staticmethod
-    def _timestamp_after(grads):
-        # A control dependency on the tensors themselves is not enough: Horovod's allreduce
-        # runs in a nested tf.function whose outputs can be forwarded before the reduction
-        # finishes. Reading one element of each tensor waits for the data itself.
-        probes = [tf.cast(tf.reshape(g.values if isinstance(g, tf.IndexedSlices) else g, [-1])[:1],
-                          tf.float64) for g in grads if g is not None]
-        probe = tf.reduce_sum(tf.concat(probes, 0)) if probes else tf.constant(0.0, tf.float64)
-        with tf.control_dependencies([probe]):
-            return tf.timestamp()
 
     @staticmethod
     def _after(ops, grads):

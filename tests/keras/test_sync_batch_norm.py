@@ -198,3 +198,42 @@ def test_convert_replaces_every_batch_norm_and_keeps_weights_and_outputs(make):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(b, c)
     np.testing.assert_allclose(converted(x, training=False), model(x, training=False), rtol=1e-5, atol=1e-6)
+
+
+def _op_types(concrete):
+    """Every op type in a concrete function's graph and in the functions it calls."""
+    graph_def = concrete.graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types |= {node.op for node in function.node_def}
+    return types
+
+
+def test_the_step_timer_traces_local_statistics_with_no_collective(monkeypatch):
+    import horovod.tensorflow as horovod_tf
+    from hvd_balance.keras.step_timer import StepTimer
+
+    monkeypatch.setattr(horovod_tf, "size", lambda: 2)  # as on 2 ranks: the layer synchronizes
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), SyncBN(), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype("float32")
+    y = np.zeros((8, 2), "float32")
+
+    # the control: traced outside the StepTimer, the layer's forward and backward allreduce
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        return tape.gradient(loss, model.trainable_variables)
+    spec = tf.TensorSpec([None, 5], tf.float32), tf.TensorSpec([None, 2], tf.float32)
+    synchronized = _op_types(tf.function(step).get_concrete_function(*spec))
+    assert {t for t in synchronized if "horovod" in t.lower()} == {"HorovodAllreduce"}, synchronized
+
+    timer = StepTimer(model, (x, y))
+    times = timer.time([2, 4], repeats=1)  # runs here: no collective to wait in
+    assert len(times) == 2 and all(t > 0 for t in times)
+    traced = _op_types(timer._step)
+    assert not [t for t in traced if "horovod" in t.lower()], traced
+    assert "Timestamp" not in traced  # no timed collective either
+    # and the layer synchronizes again after the timer's block
+    from hvd_balance.keras import sync_batch_norm
+    assert sync_batch_norm._synchronizing()
