@@ -237,3 +237,21 @@ def test_the_step_timer_traces_local_statistics_with_no_collective(monkeypatch):
     # and the layer synchronizes again after the timer's block
     from hvd_balance.keras import sync_batch_norm
     assert sync_batch_norm._synchronizing()
+
+
+def test_the_memory_probe_runs_no_collective(monkeypatch):
+    import horovod.tensorflow as horovod_tf
+    from hvd_balance.keras.memory_probe import make_probe_step
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an allreduce was traced")
+
+    monkeypatch.setattr(horovod_tf, "size", lambda: 2)  # as on 2 ranks: the layer synchronizes
+    monkeypatch.setattr(horovod_tf, "allreduce", refuse)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), SyncBN(), keras.layers.Dense(2)])
+    x = np.random.default_rng(0).normal(size=(4, 5)).astype("float32")
+    with pytest.raises(AssertionError, match="allreduce was traced"):  # the control
+        model(x, training=True)
+    probe = make_probe_step(model, x, np.zeros((4, 2), "float32"), loss="mse")
+    for batch in (4, 16, 7):  # retraced at new shapes, each time without the allreduce
+        probe(batch)
