@@ -7,23 +7,27 @@ gradients:
 * ``end``: when the allreduced gradients are back.
 
 *Busy* time of a step is ``ready - end of the previous step``, less the seconds this rank
-waited in synchronized layers during it: everything this rank did on its own (the previous
-step's weight update, fetching the input, Keras's per-step work between steps, forward,
-backward), minus the time it waited in synchronized layers. *Wait* time is ``end - ready``
-(the allreduce, which lasts until the slowest rank is ready) plus those seconds.
+spent in synchronized layers' collectives during it: everything this rank did on its own (the
+previous step's weight update, fetching the input, Keras's per-step work between steps,
+forward, backward), minus the time it waited in synchronized layers. *Wait* time is ``end -
+ready`` (the allreduce, which lasts until the slowest rank is ready) plus those seconds. (A
+timestamp after the update itself is not reliably ordered after it inside Keras's compiled
+step, so the update counts as busy time.) The sums live in ``tf.Variable``s and are read every
+few steps, so there is no device-to-host synchronisation per step. The first step after a read
+(or after a pause such as validation) is not counted in busy time, since its gap includes the
+pause.
 
 Synchronized layers. A layer that runs a collective inside the step (``SyncBatchNormalization``:
 one allreduce in the forward pass, one in the backward) makes the fast rank wait there for the
 slow one, which would make every rank's busy time equal. Such a layer runs its collective
 through :func:`timed_collective`, which adds the seconds from its input being ready to its
-result being back to one per-process accumulator; :meth:`StepTelemetry.mark_ready` subtracts
-them from the step's busy time, counts them as wait, and resets the accumulator. (Inside one
-``tf.function``, TensorFlow orders the operations on one resource variable in the order they
-were created: the layers' additions, created in the forward pass and in ``tape.gradient``,
-come before ``mark_ready``'s read, created when the gradients are reduced.) (A timestamp after the update itself is not reliably
-ordered after it inside Keras's compiled step, so the update counts as busy time.) The sums live in ``tf.Variable``s and are read every few steps, so there is no
-device-to-host synchronisation per step. The first step after a read (or after a pause such as
-validation) is not counted in busy time, since its gap includes the pause.
+result being back to one per-process total; :meth:`StepTelemetry.mark_ready` subtracts what
+was added since its previous mark from the step's busy time and counts it as wait
+(:func:`collective_seconds_since`: each reader keeps the total it last saw, so the benchmark
+tool's own step timing can read it too). Inside one ``tf.function``, TensorFlow orders the
+operations on one resource variable in the order they were created: the layers' additions,
+created in the forward pass and in ``tape.gradient``, come before ``mark_ready``'s read,
+created when the gradients are reduced.
 """
 
 from __future__ import annotations
@@ -33,12 +37,12 @@ from typing import Dict
 import tensorflow as tf
 
 
-_collective_seconds = None  # the per-process accumulator (float64 seconds), made on first use
+_collective_seconds = None  # the per-process total (float64 seconds), made on first use
 
 
 def collective_seconds() -> tf.Variable:
-    """The seconds this process has waited in synchronized layers' collectives since the last
-    :meth:`StepTelemetry.mark_ready` (a float64 ``tf.Variable``, one per process)."""
+    """The seconds this process has spent in synchronized layers' collectives, in total (a
+    float64 ``tf.Variable``, one per process, only ever added to)."""
     global _collective_seconds
     if _collective_seconds is None:
         with tf.init_scope():  # created once, outside whatever function is being traced
@@ -60,6 +64,15 @@ def timed_collective(collective, tensor):
     end = _timestamp_after([result])
     with tf.control_dependencies([collective_seconds().assign_add(end - start)]):
         return tf.identity(result)
+
+
+def collective_seconds_since(seen: tf.Variable):
+    """Seconds added to :func:`collective_seconds` since ``seen`` (a float64 ``tf.Variable``
+    of the caller's, the total at its previous call) was set; sets ``seen`` to the total."""
+    total = collective_seconds().read_value()
+    since = total - seen.read_value()
+    with tf.control_dependencies([seen.assign(total)]):
+        return tf.identity(since)
 
 
 def _timestamp_after(tensors):
@@ -102,6 +115,8 @@ class StepTelemetry:
             self._busy_steps = tf.Variable(0, trainable=False, dtype=tf.int64,
                                            name="hvd_balance_busy_steps")
             self._counted = tf.Variable(False, trainable=False, name="hvd_balance_counted")
+            # collective_seconds() at the previous mark_ready
+            self._collective_seen = tf.Variable(0.0, name="hvd_balance_collective_seen", **f64)
 
     def mark_ready(self, grads):
         """Record when the local gradients are ready; returns them ordered after that."""
@@ -109,9 +124,7 @@ class StepTelemetry:
         last = self._last_end.read_value()
         counted = last > 0.0
         # Waited in synchronized layers since the previous mark: wait, not busy, time.
-        in_layers = collective_seconds().read_value()
-        with tf.control_dependencies([in_layers]):
-            cleared = collective_seconds().assign(0.0)
+        in_layers = collective_seconds_since(self._collective_seen)
         zero = tf.constant(0.0, tf.float64)
         busy = tf.where(counted, tf.maximum(now - last - in_layers, zero), zero)
         layer_wait = tf.where(counted, in_layers, zero)
@@ -122,8 +135,7 @@ class StepTelemetry:
         with tf.control_dependencies([write]):
             counted_steps = self._busy_steps.assign_add(tf.cast(counted, tf.int64))
         return self._after([self._ready.assign(now), self._busy.assign_add(busy), counted_steps,
-                            self._counted.assign(counted), self._wait.assign_add(layer_wait),
-                            cleared],
+                            self._counted.assign(counted), self._wait.assign_add(layer_wait)],
                            grads)
 
     def mark_end(self, grads):

@@ -1,7 +1,9 @@
 """Rank script: the benchmark's per-step busy/wait timing and step delay, on real ranks.
 
-Usage: horovodrun -np 2 python bench_step_timing.py DELAY_MS
-Rank 1 builds its model with a ``StepDelay`` of DELAY_MS (rank 0 with none), both train a tiny
+Usage: horovodrun -np 2 python bench_step_timing.py DELAY_MS [sync]
+Rank 1 builds its model with a ``StepDelay`` of DELAY_MS (rank 0 with none; with ``sync``, an
+hvd_balance.SyncBatchNormalization follows the delay, so rank 0 waits for rank 1 in its
+allreduces, inside the step), both train a tiny
 model for 2 epochs of 12 steps with ``hvd.DistributedOptimizer``, and each emits (``_result.emit``)
 ``{"rank", "busy_s", "wait_s", "step_s", "bench_step_s", "predict_s"}``: the medians
 of the steady epoch's busy and wait seconds per step (as ``hvd_balance.bench`` records
@@ -24,12 +26,14 @@ from hvd_balance.keras.step_timer import measure_curve
 hvd.init()
 rank = hvd.rank()
 delay_ms = float(sys.argv[1]) if rank == 1 else 0.0
+synchronized = sys.argv[2:] == ["sync"]
 StepDelay, StepTiming, TimedSequential, StepRecorder, _ = worker._worker_classes()
 shape, layers = worker._model_parts("tiny")
 x, y = worker.make_data(shape, 768, seed=0)
 data = hvd_balance.BalancedData(x, y, global_batch_size=64, seed=0)
 tf.keras.utils.set_random_seed(0)
-model = TimedSequential([tf.keras.Input(shape), StepDelay(delay_ms), *layers])
+model = TimedSequential([tf.keras.Input(shape), StepDelay(delay_ms),
+                         *([hvd_balance.SyncBatchNormalization()] if synchronized else []), *layers])
 model.step_timing = StepTiming(data.steps)
 model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -204,9 +204,12 @@ def test_help_names_the_strategies_and_options():
 
 
 @pytest.mark.timeout(240)
-def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy():
+@pytest.mark.parametrize("batch_norm", ["none", "sync"])
+def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy(batch_norm):
+    # "sync": rank 0 waits for the delayed rank inside SyncBatchNormalization's allreduces,
+    # which still count as its wait, not busy, time (and the benchmark step syncs nothing)
     delay_ms = 80
-    run = run_ranks(STEP_TIMING, np=2, args=[str(delay_ms)], timeout=200)
+    run = run_ranks(STEP_TIMING, np=2, args=[str(delay_ms), batch_norm], timeout=200)
     assert run.returncode == 0, run.stdout[-3000:]
     result = run.results()
     assert result.keys() == {0, 1}, run.stdout[-3000:]

@@ -73,6 +73,7 @@ def _worker_classes():
     import tensorflow as tf
 
     from hvd_balance.keras import compat
+    from hvd_balance.keras.telemetry import collective_seconds_since
 
     def sleep_ms(ms):
         time.sleep(float(ms) / 1e3)
@@ -99,9 +100,11 @@ def _worker_classes():
     class StepTiming:
         """Per-step busy and wait seconds of this rank, recorded in the compiled step.
 
-        ``record(ready_s, end_s)`` (in the graph) stores ``ready_s - previous end_s`` as busy
-        and ``end_s - ready_s`` as wait; :meth:`start` marks an epoch's beginning and
-        :meth:`read` returns the epoch's steps.
+        ``record(ready_s, end_s, layers_s)`` (in the graph) stores ``ready_s - previous end_s
+        - layers_s`` as busy and ``end_s - ready_s + layers_s`` as wait, ``layers_s`` being
+        the seconds spent in synchronized layers' collectives in the step (the telemetry's
+        rule: a fast rank waiting for a slow one in SyncBatchNormalization is not busy);
+        :meth:`start` marks an epoch's beginning and :meth:`read` returns the epoch's steps.
         """
 
         def __init__(self, capacity: int):
@@ -110,11 +113,12 @@ def _worker_classes():
             self.busy_s = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False)
             self.wait_s = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False)
             self.count = tf.Variable(0, dtype=tf.int32, trainable=False)
+            self.layers_seen_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
-        def record(self, ready_s, end_s):
+        def record(self, ready_s, end_s, layers_s):
             k = tf.minimum(self.count, self.capacity - 1)[None, None]
-            ops = [self.busy_s.scatter_nd_update(k, [ready_s - self.prev_end_s]),
-                   self.wait_s.scatter_nd_update(k, [end_s - ready_s])]
+            ops = [self.busy_s.scatter_nd_update(k, [ready_s - self.prev_end_s - layers_s]),
+                   self.wait_s.scatter_nd_update(k, [end_s - ready_s + layers_s])]
             with tf.control_dependencies(ops):
                 return tf.group(self.prev_end_s.assign(end_s), self.count.assign_add(1))
 
@@ -139,13 +143,15 @@ def _worker_classes():
                 flat = [g for g in tf.nest.flatten(grads, expand_composites=True) if g is not None]
                 with tf.control_dependencies(flat):
                     ready["s"] = tf.timestamp()
+                # after the backward pass: its allreduces were created in tape.gradient, before
+                ready["layers_s"] = collective_seconds_since(self.step_timing.layers_seen_s)
                 with tf.control_dependencies([ready["s"]]):
                     return [None if g is None else tf.identity(g) for g in grads]
 
             metrics = compat.train_step_with_ready_mark(self, data, mark_ready)
             with tf.control_dependencies([tf.convert_to_tensor(v) for v in self.trainable_variables]):
                 end_s = tf.timestamp()
-            with tf.control_dependencies([self.step_timing.record(ready["s"], end_s)]):
+            with tf.control_dependencies([self.step_timing.record(ready["s"], end_s, ready["layers_s"])]):
                 return tf.nest.map_structure(tf.identity, metrics)
 
     class StepRecorder(tf.keras.callbacks.Callback):
