@@ -119,3 +119,12 @@ def test_plan_save_load_and_simulate_run_without_tensorflow_or_horovod(tmp_path)
                           cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK (" in done.stdout
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports test modules by basename (rootdir import mode): two test files of one
+    name in different folders stop the whole collection, so CI would run nothing."""
+    names = {}
+    for path in sorted((PACKAGE.parent / "tests").rglob("test_*.py")):
+        names.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    assert {n: p for n, p in names.items() if len(p) > 1} == {}
