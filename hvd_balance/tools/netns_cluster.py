@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from hvd_balance.tools import emulate
 
@@ -180,17 +180,18 @@ def _used_subnets() -> set:
         net = ipaddress.ip_network(token, strict=False)
         if net.overlaps(base):
             used.add(int(net.network_address.packed[2]) if net.prefixlen >= 24 else -1)
-    for owner in _owner_records():
+    for _, owner in _owner_records():
         used.add(owner.get("subnet_octet"))
     return used
 
 
-def _owner_records() -> List[dict]:
+def _owner_records(run_id: Optional[str] = None) -> List[Tuple[str, dict]]:
+    """``(work dir, owner record)`` of every readable record (of run ``run_id``, or all)."""
     records = []
-    for path in _work_dirs():
+    for path in _work_dirs(run_id):
         try:
             with open(os.path.join(path, OWNER_FILE)) as f:
-                records.append(json.load(f))
+                records.append((path, json.load(f)))
         except (OSError, ValueError):
             pass
     return records
@@ -478,16 +479,6 @@ class NetnsCluster:
         teardown(self.run_id)
         self._groups = None
         self._sshd.clear()
-
-
-def _owner_records(run_id: str):
-    """``(work dir, owner record)`` of run ``run_id``, for every readable record."""
-    for path in _work_dirs(run_id):
-        try:
-            with open(os.path.join(path, OWNER_FILE)) as f:
-                yield path, json.load(f)
-        except (OSError, ValueError):
-            continue
 
 
 def attach(run_id: str) -> NetnsCluster:
