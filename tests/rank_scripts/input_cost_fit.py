@@ -7,13 +7,13 @@ the step on one batch already loaded, sees two equal ranks. ``LoadBalancer(data)
 {"rank", "rebalance", "history", "first_plan", "plan"}.
 """
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
 import hvd_balance.keras as hvd
 
 import hvd_balance
+from _busy import PerSampleBusy, busy
 from _result import emit
 
 hvd.init()
@@ -22,14 +22,6 @@ delay_s = float(sys.argv[1]) / 1e3 if rank == 1 else 0.0
 rng = np.random.default_rng(0)
 x = rng.normal(size=(640, 10)).astype("float32")
 y = (x[:, 0] > 0).astype("int32")
-
-
-def busy(seconds):
-    # Python holding the GIL, as decoding and the "compute" below both do: the two add up
-    # instead of overlapping (a sleep would hide the decode behind the step).
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def slow_decode(i):
@@ -42,26 +34,11 @@ def load(key, label):
     return tf.ensure_shape(features, [10]), label
 
 
-def compute(batch_size):
-    busy(1e-3 * batch_size)
-    return batch_size
-
-
-class PerSampleCompute(tf.keras.layers.Layer):
-    """1 ms of "compute" per sample in training, on every rank: a step time the benchmark can
-    see grow with the batch (a tiny Dense model's would be lost in the noise)."""
-
-    def call(self, inputs, training=None):
-        if not training:
-            return inputs
-        done = tf.numpy_function(compute, [tf.shape(inputs)[0]], tf.int32)
-        with tf.control_dependencies([done]):
-            return tf.identity(inputs)
-
-
 data = hvd_balance.BalancedData(np.arange(640), y, global_batch_size=64, load_fn=load)
 tf.keras.utils.set_random_seed(1)
-model = tf.keras.Sequential([tf.keras.Input((10,)), PerSampleCompute(),
+# 1 ms of "compute" a sample on every rank: a step time the benchmark sees grow with the batch
+# (a tiny Dense model's would be lost in the noise).
+model = tf.keras.Sequential([tf.keras.Input((10,)), PerSampleBusy(1e-3),
                              tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(2)])
 model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))

@@ -13,13 +13,13 @@ runs ``STEPS`` steps with hvd_balance's DistributedOptimizer. Emits per rank {"r
 fit), "busy_median_s" (the median busy seconds of the counted steps)}.
 """
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
 import hvd_balance.keras as hvd
 
 import hvd_balance
+from _busy import PerSampleBusy
 from _result import emit
 from hvd_balance.keras.step_timer import measure_curve
 
@@ -30,31 +30,13 @@ delay_s = float(sys.argv[2]) / 1e3 if rank == 1 else 0.0
 BATCH, STEPS = 16, 24
 
 
-def busy_wait(batch_size):
-    end = time.perf_counter() + delay_s * int(batch_size)
-    while time.perf_counter() < end:
-        pass
-    return batch_size
-
-
-class SlowOnRankOne(tf.keras.layers.Layer):
-    """``DELAY_MS`` per sample on rank 1 in training (a busy-wait, like a slower device)."""
-
-    def call(self, inputs, training=None):
-        if not training:
-            return inputs
-        done = tf.numpy_function(busy_wait, [tf.shape(inputs)[0]], tf.int32)
-        with tf.control_dependencies([done]):
-            return tf.identity(inputs)
-
-
 norm = {"sync": hvd_balance.SyncBatchNormalization,
         "local": tf.keras.layers.BatchNormalization}[variant]
 rng = np.random.default_rng(rank)
 x = rng.normal(size=(BATCH * STEPS, 10)).astype("float32")
 y = (x[:, 0] > 0).astype("int32")
 tf.keras.utils.set_random_seed(1)
-model = tf.keras.Sequential([tf.keras.Input((10,)), tf.keras.layers.Dense(16), SlowOnRankOne(),
+model = tf.keras.Sequential([tf.keras.Input((10,)), tf.keras.layers.Dense(16), PerSampleBusy(delay_s),
                              norm(), tf.keras.layers.ReLU(), tf.keras.layers.Dense(2)])
 opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.05))
 model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
