@@ -273,6 +273,19 @@ def _cmdline(pid: int) -> str:
 
 @needs_emulation
 @pytest.mark.timeout(180)
+def test_others_cpu_is_unknown_when_the_ranks_run_on_other_hosts(tmp_path):
+    """With ``--hosts`` the ranks run under each host's sshd, not as the driver's children, so
+    their CPU would count as other people's: the report says it does not know."""
+    burn = [PYTHON, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"]
+    here = driver.run_job(burn, dict(os.environ), str(tmp_path / "here.log"), 60)
+    away = driver.run_job(burn, dict(os.environ), str(tmp_path / "away.log"), 60,
+                          ranks_are_children=False)
+    assert here["returncode"] == away["returncode"] == 0
+    assert here["cpu_s_ours"] >= 0.3 and here["others_cores"] >= 0.0
+    assert away["others_cores"] is None and away["cpu_s_others"] is None
+    assert driver._fmt_cores(None) == "n/a (ranks on other hosts)"
+
+
 def test_a_driver_stopped_by_sigterm_stops_its_job_and_leaves_nothing(tmp_path):
     """The jobs run in their own sessions: SIGTERM to the driver must reach them."""
     from hvd_balance.tools import emulate

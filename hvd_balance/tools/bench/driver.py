@@ -76,8 +76,13 @@ def hosts_ranks(hosts: str) -> int:
     return total
 
 
-def run_job(cmd: List[str], env: Dict[str, str], log_path: str, timeout_s: float) -> Dict[str, Any]:
-    """Run one job; stop it (launcher first, so it removes its cgroups) past ``timeout_s``."""
+def run_job(cmd: List[str], env: Dict[str, str], log_path: str, timeout_s: float,
+            ranks_are_children: bool = True) -> Dict[str, Any]:
+    """Run one job; stop it (launcher first, so it removes its cgroups) past ``timeout_s``.
+
+    ``others_cores`` is the CPU (in cores) that processes other than the job used meanwhile;
+    ``None`` when the ranks are not this process's children (``--hosts``: they run under
+    each host's sshd, so their CPU cannot be told from other people's)."""
     start, busy0, mine0 = time.perf_counter(), _cpu_busy_s(), _children_cpu_s()
     load0 = os.getloadavg()[0]
     with open(log_path, "w") as log:
@@ -102,10 +107,11 @@ def run_job(cmd: List[str], env: Dict[str, str], log_path: str, timeout_s: float
     wall = time.perf_counter() - start
     machine = _cpu_busy_s() - busy0
     ours = _children_cpu_s() - mine0
+    others = max(0.0, machine - ours) if ranks_are_children else None
     return {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall,
             "load_avg_1m_before": load0, "load_avg_1m_after": os.getloadavg()[0],
-            "cpu_s_ours": ours, "cpu_s_others": max(0.0, machine - ours),
-            "others_cores": max(0.0, machine - ours) / wall if wall > 0 else 0.0}
+            "cpu_s_ours": ours, "cpu_s_others": others,
+            "others_cores": None if others is None else others / wall if wall > 0 else 0.0}
 
 
 def _tail(path: str, chars: int = 3000) -> str:
@@ -158,7 +164,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
             if os.path.exists(job_out):
                 os.unlink(job_out)
             cmd = job_command(args, strategy, job_out)
-            info = run_job(cmd, env, log_path, args.job_timeout)
+            info = run_job(cmd, env, log_path, args.job_timeout, ranks_are_children=not args.hosts)
             job = {"strategy": strategy, "rep": rep, "command": shlex.join(cmd), "log": log_path, **info}
             if info["returncode"] == 0 and os.path.exists(job_out):
                 with open(job_out) as f:
@@ -168,7 +174,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
                 print(f"  rep {rep} {strategy:12s} batches {s['local_batches']}  epoch "
                       f"{s['steady_epoch_s']:.3f} s  acc {_fmt_acc(s.get('accuracy'))}  busy {_fmt_list(s['busy_s'], 1e3)} ms  wait "
                       f"{_fmt_list(s['wait_s'], 1e3)} ms  eff {s['efficiency']:.3f}  bench "
-                      f"{s['benchmark_phase_s']:.2f} s  others {info['others_cores']:.2f} cores",
+                      f"{s['benchmark_phase_s']:.2f} s  others {_fmt_cores(info['others_cores'])}",
                       flush=True)
             else:
                 failed += 1
@@ -226,6 +232,10 @@ def _fmt_list(values, scale=1.0, fmt="{:.1f}"):
 
 def _fmt_acc(value) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def _fmt_cores(value) -> str:
+    return "n/a (ranks on other hosts)" if value is None else f"{value:.2f} cores"
 
 
 def format_summary(report: Dict[str, Any]) -> str:
