@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 import hvd_balance
-from hvd_balance.tools.bench import models
+from hvd_balance.tools.bench import models, settings
 
 GLOBAL_BATCH = 512  # samples per step, as in the bench runs of BENCHMARKS.md
-SAMPLES, HELDOUT = 10240, 2048
+SAMPLES = 10240  # the --samples of those runs
 
 
 def global_batches(data, plan, epoch):
@@ -36,14 +36,14 @@ def main():
     p.add_argument("--seeds", default="0,1,2,3,4", help="BalancedData shuffle seeds")
     p.add_argument("--epochs", type=int, default=8)
     args = p.parse_args()
-    x, y, xh, yh = models.make_images(SAMPLES, HELDOUT, 0)
+    x, y, xh, yh = models.make_images(SAMPLES, settings.HELDOUT, 0)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for sizes in args.plans.split(";"):
             plan = hvd_balance.Plan.from_batch_sizes([int(b) for b in sizes.split(",")])
             tf.keras.utils.set_random_seed(0)  # the same start weights for every run
             model = tf.keras.Sequential([tf.keras.Input(models.IMAGE_SHAPE),
                                          *models.resnet_layers("local")])
-            model.compile(optimizer=tf.keras.optimizers.SGD(0.05, momentum=0.9),
+            model.compile(optimizer=tf.keras.optimizers.SGD(settings.LEARNING_RATE["resnet"], momentum=0.9),
                           loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
             data = hvd_balance.BalancedData(x, y, global_batch_size=GLOBAL_BATCH, seed=seed,
                                             rank=0, world_size=len(plan.batch_sizes))

@@ -111,7 +111,7 @@ def run_job(cmd: List[str], env: Dict[str, str], log_path: str, timeout_s: float
     return {"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall,
             "load_avg_1m_before": load0, "load_avg_1m_after": os.getloadavg()[0],
             "cpu_s_ours": ours, "cpu_s_others": others,
-            "others_cores": None if others is None else others / wall if wall > 0 else 0.0}
+            "others_cores": None if others is None else (others / wall if wall > 0 else 0.0)}
 
 
 def _tail(path: str, chars: int = 3000) -> str:
