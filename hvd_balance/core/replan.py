@@ -17,6 +17,15 @@ curves) by more than ``threshold`` (:data:`DEFAULT_THRESHOLD`, 8 %) plus twice t
 standard error, so plans do not oscillate on noise. The first round after a benchmark is a
 calibration and needs only :data:`CALIBRATION_THRESHOLD` (2 %) plus that allowance
 (:func:`round_threshold`).
+
+Busy time is not the whole step: a rank also waits in the collectives, and on a slow device its
+own share of them runs at its slow speed, more so the more work it was given. Where that share is
+large (communication-bound steps), a plan that equalizes busy times can make the step *longer*
+(measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
+after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
+next window measures (busy + wait, seconds per step): a change that did not shorten the step is
+reverted, and the plan reverted to is held until some rank's busy time drifts by more than the
+threshold (:class:`Rounds`).
 """
 
 from __future__ import annotations
@@ -60,11 +69,15 @@ class Decision:
     """The outcome of one re-planning round.
 
     Attributes:
-        plan: the plan to use from now on (the current one when ``changed`` is False).
-        changed: whether ``plan`` differs from the current plan.
+        plan: the plan to use from now on (the current one, or a change decided earlier that
+            has not run yet, when ``changed`` is False).
+        changed: whether this round changed the plan.
         gain: predicted relative reduction of the step time, ``1 - new / current``.
         efficiency: measured balance efficiency ``mean_i m_i / max_i m_i`` of the window.
         busy_s: the measured busy seconds per step of each rank.
+        reverted: whether ``plan`` is the plan before the last change, restored because the
+            change did not shorten the measured step (``gain`` is then the measured
+            ``1 - step before / step after``).
     """
 
     plan: Plan
@@ -72,6 +85,7 @@ class Decision:
     gain: float
     efficiency: float
     busy_s: tuple
+    reverted: bool = False
 
 
 def balance_efficiency(busy_s: Sequence[float]) -> float:
@@ -178,3 +192,123 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
     kept = dataclasses.replace(plan, curves=tuple(tuple(c.points) for c in curves),
                                predicted_step_s=tuple(busy), method=plan.method)
     return Decision(kept, False, gain, efficiency, tuple(busy))
+
+
+def drifted(reference_s: Sequence[float], busy_s: Sequence[float], threshold: float) -> bool:
+    """Whether some rank's busy seconds per step moved more than ``threshold`` (a fraction)
+    from ``reference_s``: ``max_i |busy_i / reference_i - 1| > threshold``.
+
+    >>> drifted([0.1, 0.2], [0.105, 0.19], 0.08), drifted([0.1, 0.2], [0.1, 0.3], 0.08)
+    (False, True)
+    """
+    ref, busy = np.asarray(reference_s, dtype=float), np.asarray(busy_s, dtype=float)
+    return bool(np.max(np.abs(busy / ref - 1.0)) > threshold)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """A plan change awaiting the verdict of the window that runs it.
+
+    Attributes:
+        plan: the new plan.
+        before: the plan it replaced, restored if the change does not shorten the step.
+        step_s: the replaced plan's measured step, seconds per step (busy + wait).
+        busy_s: the replaced plan's measured busy seconds per step, per rank.
+    """
+
+    plan: Plan
+    before: Plan
+    step_s: float
+    busy_s: Tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+    """What re-planning has learned in one job; :meth:`next` gives each round's decision and
+    the state after it (immutable, so a decision made on one rank can be handed to all).
+
+    Attributes:
+        threshold: the gain a round needs after the calibration (fraction of the step).
+        method: the planner's method.
+        calibrating: whether the next round is the calibration (:func:`round_threshold`).
+        previous: ``(local_batch, busy_s)`` per rank from the last window, for the line
+            through two windows (:func:`corrected_curves`), or ``None``.
+        measured: the slowest busy seconds per step measured under each plan, by batches
+            (``inf`` for a plan reverted from: never proposed again).
+        trial: the last change, until a window measures it, or ``None``.
+        held: ``(plan, busy_s)`` restored by a revert, kept while no rank's busy time drifts
+            from ``busy_s`` by more than ``threshold`` plus twice the window's relative
+            standard error; or ``None``.
+
+    Example:
+        >>> rounds = Rounds(calibrating=False)
+        >>> plan = Plan.from_batch_sizes([32, 32])
+        >>> d, rounds = rounds.next(plan, [0.010, 0.030], step_s=0.040)   # rank 1 3x slower
+        >>> d.plan.batch_sizes
+        (48, 16)
+        >>> d, rounds = rounds.next(d.plan, [0.015, 0.016], step_s=0.045)  # but the step grew
+        >>> d.reverted, d.plan.batch_sizes
+        (True, (32, 32))
+    """
+
+    threshold: float = DEFAULT_THRESHOLD
+    method: str = "minmax"
+    calibrating: bool = True
+    previous: Optional[Tuple[Tuple[int, float], ...]] = None
+    measured: Mapping[Tuple[int, ...], float] = dataclasses.field(default_factory=dict)
+    trial: Optional[Trial] = None
+    held: Optional[Tuple[Plan, Tuple[float, ...]]] = None
+
+    def next(self, plan: Plan, busy_s: Sequence[float], noise: Optional[Sequence[float]] = None,
+             step_s: Optional[float] = None, pooled_s: Optional[Sequence[float]] = None,
+             pooled_noise: Optional[Sequence[float]] = None) -> Tuple[Decision, "Rounds"]:
+        """One round: the decision for the window just measured under ``plan``, and the state after.
+
+        Args:
+            plan: the plan in force during the window.
+            busy_s: each rank's busy seconds per step in the window (median).
+            noise: each rank's relative standard error of ``busy_s`` (see :func:`decide`).
+            step_s: the window's step time, seconds per step (busy + wait), or ``None``
+                (changes are then not judged by it).
+            pooled_s, pooled_noise: optional busy seconds per step over all windows since the
+                batches last changed, and their errors: decided from when the window alone
+                shows no clear gain (smaller error, same batches).
+        """
+        busy = tuple(float(b) for b in busy_s)
+        key = tuple(plan.batch_sizes)
+        measured = dict(self.measured)
+        measured[key] = max(busy)
+        state = dataclasses.replace(self, measured=measured, trial=None,
+                                    previous=tuple(zip(plan.batch_sizes, busy)))
+        efficiency = balance_efficiency(busy)
+        trial = self.trial
+        if trial is not None and tuple(trial.plan.batch_sizes) != key:
+            # rebalance=K steps: the change takes effect K steps after it was decided, so
+            # this window ran the plan before it again; wait for one that runs it.
+            return Decision(trial.plan, False, 0.0, efficiency, busy), dataclasses.replace(
+                state, trial=trial)
+        if trial is not None and step_s is not None and step_s >= trial.step_s:
+            # the change did not shorten the step: undo it
+            measured[key] = math.inf
+            revert = Decision(trial.before, True, 1.0 - trial.step_s / step_s, efficiency, busy,
+                              reverted=True)
+            return revert, dataclasses.replace(state, held=(trial.before, trial.busy_s))
+        if self.held is not None:
+            held_plan, reference = self.held
+            if tuple(held_plan.batch_sizes) != key:  # a plan decided earlier is still pending
+                return Decision(held_plan, True, 0.0, efficiency, busy, reverted=True), state
+            allowance = 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
+            if not drifted(reference, busy, self.threshold + allowance):
+                return Decision(plan, False, 0.0, efficiency, busy), state
+            state = dataclasses.replace(state, held=None)
+        threshold = round_threshold(self.threshold, self.calibrating)
+        decision = decide(plan, busy, threshold, self.method, noise, self.previous, measured)
+        if (not decision.changed and pooled_s is not None
+                and all(p is not None and p > 0 for p in pooled_s)):
+            again = decide(plan, pooled_s, threshold, self.method, pooled_noise, measured=measured)
+            if again.changed:
+                decision = again
+        state = dataclasses.replace(state, calibrating=False)
+        if decision.changed and step_s is not None:
+            state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy))
+        return decision, state

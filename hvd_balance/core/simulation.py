@@ -8,9 +8,9 @@ step times at a few local batches), plans with each strategy and runs synchronou
 * ``proportional``: the paper's rule, ``b_i`` proportional to measured throughput.
 * ``static``: hvd_balance's minmax plan from the benchmark, kept for the whole run.
 * ``adaptive``: the same first plan; every ``replan_every`` steps the window's busy times
-  go to the library's own re-planning rule, :func:`hvd_balance.core.replan.decide` (the
-  same call, threshold, calibration round (:func:`~hvd_balance.core.replan.round_threshold`)
-  and noise allowance as the ``LoadBalancer``).
+  go to the library's own re-planning rounds, :class:`hvd_balance.core.replan.Rounds` (the
+  same rule, threshold, calibration round, noise allowance and trial of each change against
+  the window's step time as the ``LoadBalancer``).
 
 Rank i's step time at local batch b and step s is ``(fixed_s_i + s_per_sample_i * b) *
 drift_i(s) * noise_i(s)``: device profiles with a per-rank jitter, a lognormal per-step
@@ -46,7 +46,7 @@ import numpy as np
 
 from .plan import Plan
 from .planner import largest_remainder, plan_batches, predict_step_s
-from .replan import DEFAULT_THRESHOLD, decide, robust_busy, round_threshold
+from .replan import DEFAULT_THRESHOLD, Rounds, robust_busy
 
 logger = logging.getLogger(__name__)
 
@@ -288,8 +288,8 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
     predicted = {s: float(predict_step_s(curves, b).max()) for s, b in batches.items()}
     base_s = {s: cluster.step_s(b) for s, b in batches.items()}
     smallest = {s: int(b.min()) for s, b in batches.items()}  # smallest local batch used
-    adaptive_plan, previous = static, None  # what the adaptive strategy has learned
-    measured = {}  # as the LoadBalancer keeps it: each plan's slowest measured busy time
+    adaptive_plan = static
+    rounds = Rounds(threshold)  # what the adaptive strategy has learned, as the LoadBalancer keeps it
     makespan = {s: np.empty(steps) for s in STRATEGIES}
     efficiency = {s: np.empty(steps) for s in STRATEGIES}
     idle = {s: np.empty(steps) for s in STRATEGIES}
@@ -311,18 +311,15 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
                 # Each rank's median busy time of the window and its noise, exactly what the
                 # callback hands the same rule.
                 stats = [robust_busy(busy[:, i]) for i in range(n)]
-                measured[tuple(adaptive_plan.batch_sizes)] = max(m for m, _ in stats)
-                decision = decide(adaptive_plan, [m for m, _ in stats],
-                                  round_threshold(threshold, calibrating=previous is None),
-                                  noise=[e for _, e in stats], previous=previous,
-                                  measured=measured)
-                previous = list(zip(adaptive_plan.batch_sizes, decision.busy_s))
+                decision, rounds = rounds.next(adaptive_plan, [m for m, _ in stats],
+                                               [e for _, e in stats], step_s=float(top.mean()))
                 adaptive_plan = decision.plan
                 if decision.changed:
                     batches[s] = np.array(adaptive_plan.batch_sizes)
                     base_s[s] = cluster.step_s(batches[s])
                     smallest[s] = min(smallest[s], int(batches[s].min()))
                     replans.append({"step": s1, "predicted_gain": decision.gain,
+                                    "reverted": decision.reverted,
                                     "predicted_step_s": adaptive_plan.predicted_makespan_s})
                     logger.info("step %d: adaptive re-plan, predicted gain %.1f%%", s1,
                                 100 * decision.gain)

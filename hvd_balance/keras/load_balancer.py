@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import tensorflow as tf
 
 from . import collective, compat, plan_sync, small_batch_check
@@ -16,8 +17,8 @@ from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
-from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Decision, balance_efficiency, decide,
-                           robust_busy, round_threshold)
+from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency, robust_busy,
+                           round_threshold)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,12 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     ``threshold``. The first such round is a *calibration*: the benchmark times a step of its
     own, without the input pipeline and Keras's per-step work, so the first window of real
     steps (the first epoch, or the first ``rebalance`` steps) re-plans for any gain above 2 %
-    and the window's noise (:func:`hvd_balance.core.replan.round_threshold`).
+    and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
+    trial judged by the next window's measured step time (busy + wait): a change that did not
+    shorten the step is undone, and the plan restored is kept until some rank's busy time
+    drifts by more than ``threshold`` (:class:`hvd_balance.core.replan.Rounds`): balancing busy
+    times can lengthen a communication-bound step, whose slow ranks also run their share of the
+    collectives slowly.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -93,8 +99,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            threshold: the gain that round needed, batch_sizes, busy_ms, busy_rse),
-            identical on every rank.
+            reverted, threshold: the gain that round needed, batch_sizes, busy_ms, busy_rse,
+            step_ms: the window's step time), identical on every rank.
 
     Example:
         ```python
@@ -190,9 +196,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         compat.check_not_jit_compiled(self.model, "LoadBalancer")
         compat.check_loss_scaling(self.model, "LoadBalancer")
         data = self.data
-        self.history, self._last, self._pending, self._previous = [], [], {}, None
+        self.history, self._last, self._pending = [], [], {}
         self._pooled, self.plan = [], None
-        self._measured = {}  # the slowest busy seconds per step each plan measured, by batches
         self._epoch = data.epoch
         spe = compat.steps_per_execution(self.model)
         if isinstance(self.rebalance, int) and self.rebalance % spe:
@@ -200,8 +205,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                              f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
         if self.rebalance_given is None:
             self.rebalance = self._default_rebalance()
-        # Whether the next re-planning round is the calibration (see the class docstring).
-        self._calibrating = self.given_plan is None
+        # What re-planning learns; its first round is the calibration after a benchmark.
+        self._rounds = Rounds(self.threshold, self.method, calibrating=self.given_plan is None)
         self._check_gradient_aggregation()
         parameters = (plan_sync.trainable_parameters(self.model)
                       if self.model.built else None)
@@ -275,52 +280,48 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         # All samples since the batches last changed: a weak but steady imbalance shows there.
         self._pooled = (self._pooled + samples)[-8192:]
         pooled, pooled_noise = robust_busy(self._pooled)
+        steps = raw.get("busy_steps")
         mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
                 "pooled_busy_rse": pooled_noise,
-                "wait_s": raw["wait_s"] / raw["busy_steps"] if raw.get("busy_steps") else None,
+                "wait_s": raw["wait_s"] / steps if steps else None,
+                # end of one step to the end of the next: what the job pays per step
+                "step_s": (raw["busy_s"] + raw["wait_s"]) / steps if steps else None,
                 "local_batch": self.plan.batch_sizes[self.data.rank]}
         self._last = collective.allgather_object(mine, name="hvd_balance.keras.telemetry")
         return self._last
 
     def _replan(self, window, step: int) -> None:
         busy = [w["busy_s"] for w in window]
+        steps = [w["step_s"] for w in window if w["step_s"] is not None]
+        step_s = float(np.median(steps)) if len(steps) == len(window) else None
         record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
-                  "changed": False, "threshold": None, "batch_sizes": list(self.plan.batch_sizes),
+                  "changed": False, "reverted": False, "threshold": None,
+                  "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
-                  "busy_rse": [w["busy_rse"] for w in window]}
+                  "busy_rse": [w["busy_rse"] for w in window],
+                  "step_ms": None if step_s is None else 1e3 * step_s}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
-            self._measured[tuple(self.plan.batch_sizes)] = max(busy)
             if self.rebalance != "off" and min(w["busy_n"] for w in window) >= MIN_SAMPLES:
-                threshold = round_threshold(self.threshold, self._calibrating)
-                decision = collective.agree(lambda: self._decide(window, threshold),
-                                            name="hvd_balance.rebalance")
-                self._calibrating = False
-                self._previous = [(w["local_batch"], w["busy_s"]) for w in window]
-                record.update(gain=decision.gain, changed=decision.changed, threshold=threshold,
+                threshold = round_threshold(self.threshold, self._rounds.calibrating)
+                pooled = [w["pooled_busy_s"] for w in window]
+                # Decided on rank 0 and handed to all with the state after it.
+                decision, self._rounds = collective.agree(
+                    lambda: self._rounds.next(self.plan, busy, [w["busy_rse"] for w in window],
+                                              step_s, pooled, [w["pooled_busy_rse"] for w in window]),
+                    name="hvd_balance.rebalance")
+                record.update(gain=decision.gain, changed=decision.changed,
+                              reverted=decision.reverted, threshold=threshold,
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
                 if decision.changed and self.verbose and collective.rank() == 0:
+                    what = (f"restored the plan before, which measured a {100 * decision.gain:.1f}% "
+                            "shorter step" if decision.reverted else
+                            f"re-planned for a predicted {100 * decision.gain:.1f}% shorter step")
                     print(f"hvd_balance: epoch {self._epoch} step {step}: efficiency "
-                          f"{decision.efficiency:.3f}, re-planned for a predicted "
-                          f"{100 * decision.gain:.1f}% shorter step: "
-                          f"{list(decision.plan.batch_sizes)}", file=sys.stdout, flush=True)
+                          f"{decision.efficiency:.3f}, {what}: {list(decision.plan.batch_sizes)}",
+                          file=sys.stdout, flush=True)
         self.history.append(record)
-
-    def _decide(self, window, threshold: float) -> Decision:
-        """On rank 0: re-plan from the last window, or, failing a clear gain there, from all
-        samples since the batches last changed (smaller error, same batches)."""
-        busy = [w["busy_s"] for w in window]
-        noise = [w["busy_rse"] for w in window]
-        decision = decide(self.plan, busy, threshold, self.method, noise, self._previous,
-                          self._measured)
-        pooled = [w["pooled_busy_s"] for w in window]
-        if not decision.changed and all(p is not None and p > 0 for p in pooled):
-            again = decide(self.plan, pooled, threshold, self.method,
-                           [w["pooled_busy_rse"] for w in window], measured=self._measured)
-            if again.changed:
-                return again
-        return decision
 
     # -- hooks ----------------------------------------------------------------------------------
     def on_epoch_begin(self, epoch, logs=None):

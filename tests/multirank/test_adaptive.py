@@ -111,3 +111,21 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
     # 6-step window predicts 26-35 %, which its noise allowance held back in 1 run of 8; at
     # 25 ms it predicts 37-46 % and 8 runs in 8 re-planned there.)
     run_scenario([epochs, 0, 25, k, "telemetry"], epochs, problems)
+
+
+@pytest.mark.timeout(300)
+def test_a_change_that_lengthens_the_step_is_undone_and_held():
+    # Rank 1's cost per sample is mostly in a collective (wait, not busy): the busy times ask
+    # for more work on it, the step time shows that was wrong.
+    run = run_ranks("tests/rank_scripts/hidden_cost_fit.py", np=2, args=["4"], timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:]
+    per_rank = run.results()
+    a, b = per_rank[0], per_rank[1]
+    assert a["history"] == b["history"] and a["plans"] == b["plans"]
+    first, undo, *later = a["history"]
+    assert first["changed"] and first["batch_sizes"][1] > 64 and not first["reverted"], first
+    assert undo["reverted"] and undo["changed"] and undo["batch_sizes"] == [192, 64], undo
+    assert undo["step_ms"] > 1.3 * first["step_ms"], (first, undo)  # about 2x: 384 against 192 ms
+    assert undo["gain"] == pytest.approx(1 - first["step_ms"] / undo["step_ms"])
+    assert [h["changed"] for h in later] == [False, False], later  # held: no swing back
+    assert a["plans"] == [[192, 64], first["batch_sizes"], [192, 64], [192, 64]]

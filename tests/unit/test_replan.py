@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 
 from hvd_balance import Plan, plan_batches
-from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, DEFAULT_THRESHOLD, balance_efficiency,
-                                     corrected_curves, decide, robust_busy, round_threshold)
+from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, DEFAULT_THRESHOLD, Rounds,
+                                     balance_efficiency, corrected_curves, decide, drifted,
+                                     robust_busy, round_threshold)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -145,3 +146,89 @@ def test_a_plan_that_ran_before_is_judged_by_its_measurement_so_re_planning_neve
     assert settled[1:] == [settled[0]] * 5
     assert max(busy_under(Plan.from_batch_sizes(list(settled[0])))) < max(busy_under(
         plan_batches([curve, curve], 64)))
+
+
+# A communication-bound job: rank 1 (a slow device) also runs its share of each allreduce at
+# its slow speed, longer the more work it has in the step, and busy time does not see it.
+def comm_bound_busy(batches, slow=1.0):
+    b0, b1 = batches
+    return [0.001 * b0, slow * 0.004 * b1]
+
+
+def comm_bound_step(batches, slow=1.0):
+    b0, b1 = batches
+    busy = comm_bound_busy(batches, slow)
+    return max(busy[0], busy[1] + slow * 0.002 * b1) + 0.010
+
+
+def run_rounds(plan, rounds, busy_of, step_of, n):
+    """``n`` epoch-end rounds; the plans in force, the decisions and the final state."""
+    plans, decisions = [], []
+    for _ in range(n):
+        plans.append(plan.batch_sizes)
+        d, rounds = rounds.next(plan, busy_of(plan.batch_sizes), step_s=step_of(plan.batch_sizes))
+        decisions.append(d)
+        plan = d.plan
+    return plans, decisions, rounds
+
+
+def test_a_change_that_lengthens_the_step_is_undone_and_the_plan_held():
+    start = Plan.from_batch_sizes([219, 37])  # the step-time optimum; busy says 205/51
+    plans, decisions, rounds = run_rounds(start, Rounds(), comm_bound_busy, comm_bound_step, 6)
+    changed = plans[1]
+    assert changed != plans[0] and decisions[0].changed and decisions[0].gain > 0.05
+    assert comm_bound_step(changed) > comm_bound_step(plans[0])  # busy-balanced, step longer
+    assert decisions[1].reverted and decisions[1].plan.batch_sizes == plans[0]
+    assert decisions[1].gain == pytest.approx(1 - comm_bound_step(plans[0]) / comm_bound_step(changed))
+    # held: no swing back to the plan that measured worse
+    assert plans[2:] == [plans[0]] * 4 and not any(d.changed for d in decisions[2:])
+    assert rounds.held is not None and rounds.trial is None
+
+
+def test_a_change_that_shortens_the_step_is_kept():
+    def busy(batches):
+        return [0.001 * batches[0], 0.004 * batches[1]]
+
+    def step(batches):
+        return max(busy(batches)) + 0.010
+
+    plans, decisions, rounds = run_rounds(Plan.from_batch_sizes([128, 128]), Rounds(), busy, step, 4)
+    assert plans[1] == plans[2] == plans[3] != plans[0]
+    assert not any(d.reverted for d in decisions) and rounds.held is None
+    assert step(plans[3]) < 0.6 * step(plans[0])
+
+
+def test_a_held_plan_is_re_planned_when_a_rank_drifts():
+    plans, _, rounds = run_rounds(Plan.from_batch_sizes([219, 37]), Rounds(), comm_bound_busy,
+                                  comm_bound_step, 3)
+    held = Plan.from_batch_sizes(list(plans[-1]))
+    assert rounds.held is not None
+    slower = (lambda b: comm_bound_busy(b, slow=2.0)), (lambda b: comm_bound_step(b, slow=2.0))
+    d, rounds = rounds.next(held, slower[0](held.batch_sizes), step_s=slower[1](held.batch_sizes))
+    assert d.changed and not d.reverted and d.plan.batch_sizes[1] < held.batch_sizes[1]
+    assert comm_bound_step(d.plan.batch_sizes, 2.0) < comm_bound_step(held.batch_sizes, 2.0)
+    assert rounds.held is None and rounds.trial is not None
+
+
+def test_a_trial_is_judged_only_by_a_window_that_ran_its_plan():
+    # rebalance=K steps: a plan decided at a round takes effect K steps later, so the next
+    # window still ran the old plan: it keeps the pending change, judged by the window after.
+    start = Plan.from_batch_sizes([219, 37])
+    d, rounds = Rounds().next(start, comm_bound_busy(start.batch_sizes),
+                              step_s=comm_bound_step(start.batch_sizes))
+    assert rounds.trial is not None
+    again, rounds = rounds.next(start, comm_bound_busy(start.batch_sizes),
+                                step_s=comm_bound_step(start.batch_sizes))
+    assert not again.changed and again.plan.batch_sizes == d.plan.batch_sizes
+    assert rounds.trial is not None and rounds.held is None
+    worse, rounds = rounds.next(d.plan, comm_bound_busy(d.plan.batch_sizes),
+                                step_s=comm_bound_step(d.plan.batch_sizes))
+    assert worse.reverted and worse.plan.batch_sizes == start.batch_sizes
+    # without a step time, changes are not judged
+    d, rounds = Rounds().next(start, comm_bound_busy(start.batch_sizes))
+    assert d.changed and rounds.trial is None
+
+
+def test_drifted():
+    assert not drifted([0.1, 0.2], [0.108, 0.185], 0.08)
+    assert drifted([0.1, 0.2], [0.1, 0.22], 0.08)

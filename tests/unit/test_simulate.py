@@ -145,24 +145,27 @@ def test_hysteresis_blocks_small_gains():
 
 
 def test_adaptive_is_the_library_rule(monkeypatch):
-    """The simulator re-plans through replan.decide with its default threshold, the first round
+    """The simulator re-plans through replan.Rounds with its default threshold, the first round
     a calibration: the same calls LoadBalancer makes, so the simulated "adaptive" is the
     library's."""
     assert inspect.signature(sim.simulate).parameters["threshold"].default == replan.DEFAULT_THRESHOLD
     calls = []
+    library = replan.Rounds.next
 
-    def recording(plan, busy_s, threshold, **kw):
-        decision = replan.decide(plan, busy_s, threshold, **kw)
-        calls.append((plan.batch_sizes, threshold, decision.changed))
-        return decision
+    def recording(self, plan, busy_s, noise=None, step_s=None, **kw):
+        decision, after = library(self, plan, busy_s, noise, step_s, **kw)
+        calls.append((replan.round_threshold(self.threshold, self.calibrating), decision.changed,
+                      step_s))
+        return decision, after
 
-    monkeypatch.setattr(sim, "decide", recording)
+    monkeypatch.setattr(replan.Rounds, "next", recording)
     result = sim.simulate(sim.make_cluster(32, seed=1), steps=300, drift_step=100, replan_every=25,
                           seed=1, series=False)
     assert len(calls) == 300 // 25 - 1  # every window but the last
-    assert calls[0][1] == replan.CALIBRATION_THRESHOLD
-    assert all(t == replan.DEFAULT_THRESHOLD for _, t, _ in calls[1:])
-    assert sum(changed for _, _, changed in calls) == len(result["replans"]) >= 1
+    assert calls[0][0] == replan.CALIBRATION_THRESHOLD
+    assert all(t == replan.DEFAULT_THRESHOLD for t, _, _ in calls[1:])
+    assert all(step is not None and step > 0 for _, _, step in calls)  # changes are judged
+    assert sum(changed for _, changed, _ in calls) == len(result["replans"]) >= 1
 
 
 # ---------------------------------------------------------------- the figures
