@@ -23,9 +23,9 @@ own share of them runs at its slow speed, more so the more work it was given. Wh
 large (communication-bound steps), a plan that equalizes busy times can make the step *longer*
 (measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
-next window measures (busy + wait, seconds per step): a change that did not shorten the step is
-reverted, and the plan reverted to is held until some rank's busy time drifts by more than the
-threshold (:class:`Rounds`).
+next window measures (busy + wait, seconds per step): a change that made the step longer by
+more than :data:`UNDO_MARGIN` (2 %) plus the noise allowance is reverted, and the plan reverted
+to is held until some rank's busy time drifts by more than the threshold (:class:`Rounds`).
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ MIN_SAMPLES = 5
 # corrects a known bias, not noise. It needs a predicted gain above this (2 %) plus the
 # window's noise allowance; later rounds need :data:`DEFAULT_THRESHOLD`.
 CALIBRATION_THRESHOLD = 0.02
+# A change is undone when the step it measured is longer than the step before by more than
+# this (a fraction) plus the windows' noise allowance: the calibration's 2 % the other way, so
+# that noise alone rarely undoes a change that was predicted to gain at least that much.
+UNDO_MARGIN = 0.02
 
 
 def round_threshold(threshold: float, calibrating: bool) -> float:
@@ -214,12 +218,14 @@ class Trial:
         before: the plan it replaced, restored if the change does not shorten the step.
         step_s: the replaced plan's measured step, seconds per step (busy + wait).
         busy_s: the replaced plan's measured busy seconds per step, per rank.
+        noise: the relative standard errors of ``busy_s``.
     """
 
     plan: Plan
     before: Plan
     step_s: float
     busy_s: Tuple[float, ...]
+    noise: Tuple[Optional[float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +293,10 @@ class Rounds:
             # this window ran the plan before it again; wait for one that runs it.
             return Decision(trial.plan, False, 0.0, efficiency, busy), dataclasses.replace(
                 state, trial=trial)
-        if trial is not None and step_s is not None and step_s >= trial.step_s:
-            # the change did not shorten the step: undo it
+        allowance = 2.0 * max((float(e) for e in (*(noise or ()), *(trial.noise if trial else ()))
+                               if e is not None), default=0.0)
+        if trial is not None and step_s is not None and step_s > trial.step_s * (
+                1.0 + UNDO_MARGIN + allowance):  # the change made the step longer: undo it
             measured[key] = math.inf
             revert = Decision(trial.before, True, 1.0 - trial.step_s / step_s, efficiency, busy,
                               reverted=True)
@@ -297,7 +305,6 @@ class Rounds:
             held_plan, reference = self.held
             if tuple(held_plan.batch_sizes) != key:  # a plan decided earlier is still pending
                 return Decision(held_plan, True, 0.0, efficiency, busy, reverted=True), state
-            allowance = 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
             if not drifted(reference, busy, self.threshold + allowance):
                 return Decision(plan, False, 0.0, efficiency, busy), state
             state = dataclasses.replace(state, held=None)
@@ -310,5 +317,6 @@ class Rounds:
                 decision = again
         state = dataclasses.replace(state, calibrating=False)
         if decision.changed and step_s is not None:
-            state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy))
+            state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy,
+                                                           tuple(noise or ())))
         return decision, state

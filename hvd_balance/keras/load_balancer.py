@@ -45,9 +45,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     own, without the input pipeline and Keras's per-step work, so the first window of real
     steps (the first epoch, or the first ``rebalance`` steps) re-plans for any gain above 2 %
     and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
-    trial judged by the next window's measured step time (busy + wait): a change that did not
-    shorten the step is undone, and the plan restored is kept until some rank's busy time
-    drifts by more than ``threshold`` (:class:`hvd_balance.core.replan.Rounds`): balancing busy
+    trial judged by the next window's measured step time (busy + wait): a change that made the
+    step longer (by more than 2 % plus the noise) is undone, and the plan restored is kept
+    until some rank's busy time drifts by more than ``threshold``
+    (:class:`hvd_balance.core.replan.Rounds`): balancing busy
     times can lengthen a communication-bound step, whose slow ranks also run their share of the
     collectives slowly.
 

@@ -645,6 +645,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     which.add_argument("--stale", action="store_true", help="runs whose owner is gone")
     which.add_argument("--all", action="store_true", help="every run, owners alive or not")
     sub.add_parser("list", help="the run ids with something left, and what")
+    hosts = sub.add_parser("hosts", help="a running cluster's hosts, a line each: name, "
+                           "address, network namespace")
+    hosts.add_argument("--run-id", required=True)
     run = sub.add_parser("exec", help="run a command on a host of a running cluster, through "
                          "ssh from the repository, with this environment's variables")
     run.add_argument("--run-id", required=True)
@@ -658,6 +661,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise ClusterError("exec: no command given after the host")
             cluster = attach(args.run_id)
             return subprocess.call(cluster.ssh_command(args.host, args.host, argv, os.environ))
+        if args.command == "hosts":
+            for host in attach(args.run_id).hosts:
+                print(host.name, host.address, host.namespace)
+            return 0
         if args.command == "list":
             for run_id in run_ids():
                 state = "owner alive" if owner_alive(run_id) else "stale"

@@ -8,7 +8,9 @@
 #   SLURM_CONF=/tmp/hvd_balance-slurm/slurm.conf sbatch --wait ... scripts/slurm/hvd_balance.sbatch python ...
 #   bash scripts/cluster/slurm.sh stop      # stops the daemons it started, removes the folder
 #
-# Or one node per host of a running namespace cluster (scripts/cluster/netns-cluster up):
+# Or one node per host of a running namespace cluster (scripts/cluster/netns-cluster up; its
+# hosts are read with `netns-cluster hosts` run by $HVD_BALANCE_PYTHON, default the
+# repository's .venv, else python3):
 #
 #   bash scripts/cluster/slurm.sh start --netns RUN_ID     # (or HVD_BALANCE_SLURM_NETNS=RUN_ID)
 #   SLURM_CONF=/tmp/hvd_balance-slurm/slurm.conf scripts/cluster/netns-cluster exec --run-id RUN_ID \
@@ -52,13 +54,12 @@ esac
 # The nodes: "name address namespace" lines (the namespace empty: this machine).
 if [ -n "$netns" ]; then
   [[ $netns =~ ^[0-9a-f]{8}$ ]] || { echo "$0: run id '$netns' must be 8 hex digits" >&2; exit 2; }
-  owner=$(ls -d "${TMPDIR:-/tmp}/hbc-$netns-"*/owner.json 2>/dev/null | head -1 || true)
-  [ -n "$owner" ] || { echo "$0: no namespace cluster $netns (netns-cluster list)" >&2; exit 2; }
-  mapfile -t nodes < <(python3 -c '
-import json, sys
-hosts = json.load(open(sys.argv[1]))["hosts"]
-for k, (name, addr) in enumerate(hosts.items()):
-    print(name, addr, f"hbc-{sys.argv[2]}-{k}")' "$owner" "$netns")
+  # netns-cluster's own answer (hvd_balance imports numpy: the stack's interpreter)
+  repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  py=${HVD_BALANCE_PYTHON:-}
+  [ -n "$py" ] || { [ -x "$repo/.venv/bin/python" ] && py=$repo/.venv/bin/python || py=python3; }
+  listing=$("$py" "$repo/scripts/cluster/netns-cluster" hosts --run-id "$netns") || exit 2
+  mapfile -t nodes <<< "$listing"
   for n in "${nodes[@]}"; do
     read -r _ _ ns <<< "$n"
     [ -e "/run/netns/$ns" ] || { echo "$0: namespace $ns of cluster $netns is gone" >&2; exit 2; }

@@ -60,6 +60,19 @@ def test_hosts_answer_ssh_under_their_names(cluster):
     assert os.path.dirname(cluster.ssh_config) == cluster.workdir
 
 
+def test_hosts_lists_a_running_cluster_for_other_processes(cluster):
+    # What scripts/cluster/slurm.sh --netns reads instead of knowing the owner file's layout.
+    out = subprocess.run([PYTHON, str(REPO / "scripts" / "cluster" / "netns-cluster"), "hosts",
+                          "--run-id", cluster.run_id], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+    assert out.stdout.splitlines() == [f"{h.name} {h.address} {h.namespace}" for h in cluster.hosts]
+    gone = subprocess.run([PYTHON, str(REPO / "scripts" / "cluster" / "netns-cluster"), "hosts",
+                           "--run-id", "0badc0de"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert gone.returncode == 2 and "'0badc0de'" in gone.stdout, gone.stdout
+
+
 def test_cpu_share_and_link_rate_hold(cluster_ready):
     with NetnsCluster(["hostA", "hostB"], cpu_shares=[None, 0.5],
                       links={"hostB": Link("200mbit")}) as c:

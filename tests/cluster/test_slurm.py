@@ -80,7 +80,8 @@ def test_a_failed_rank_fails_the_slurm_job(slurm, tmp_path):
 def slurm_on_hosts(cluster, tmp_path):
     """SLURM with a node per namespace host (hostA, hostB; slurmctld on hostA); stopped after
     the test, the cluster's hosts then holding nothing but their sshd."""
-    env = {**os.environ, "HVD_BALANCE_SLURM_DIR": str(tmp_path / "daemons")}
+    env = {**os.environ, "HVD_BALANCE_SLURM_DIR": str(tmp_path / "daemons"),
+           "HVD_BALANCE_PYTHON": PYTHON}
     try:
         start = subprocess.run(["bash", SLURM_SH, "start", "--netns", cluster.run_id], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
