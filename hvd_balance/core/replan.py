@@ -25,7 +25,7 @@ large (communication-bound steps), a plan that equalizes busy times can make the
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
 next window measures (busy + wait, seconds per step): a change that made the step longer by
 more than :data:`UNDO_MARGIN` (2 %) plus the noise allowance is reverted, and the plan reverted
-to is held until some rank's busy time drifts by more than the threshold (:class:`Rounds`).
+to is held until the ranks' relative speeds drift by more than the threshold (:class:`Rounds`).
 """
 
 from __future__ import annotations
@@ -199,14 +199,18 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
 
 
 def drifted(reference_s: Sequence[float], busy_s: Sequence[float], threshold: float) -> bool:
-    """Whether some rank's busy seconds per step moved more than ``threshold`` (a fraction)
-    from ``reference_s``: ``max_i |busy_i / reference_i - 1| > threshold``.
+    """Whether the ranks' relative speeds moved: some rank's share of the busy time,
+    ``s_i = busy_i / sum_j busy_j``, moved more than ``threshold`` (a fraction) from its share in
+    ``reference_s``: ``max_i |s_i / s_ref_i - 1| > threshold``. A slowdown of every rank alike
+    (a busier machine) changes no share and asks for no other plan.
 
     >>> drifted([0.1, 0.2], [0.105, 0.19], 0.08), drifted([0.1, 0.2], [0.1, 0.3], 0.08)
     (False, True)
+    >>> drifted([0.1, 0.2], [0.13, 0.26], 0.08)   # both 30 % slower
+    False
     """
     ref, busy = np.asarray(reference_s, dtype=float), np.asarray(busy_s, dtype=float)
-    return bool(np.max(np.abs(busy / ref - 1.0)) > threshold)
+    return bool(np.max(np.abs((busy / busy.sum()) / (ref / ref.sum()) - 1.0)) > threshold)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,9 +246,9 @@ class Rounds:
         measured: the slowest busy seconds per step measured under each plan, by batches
             (``inf`` for a plan reverted from: never proposed again).
         trial: the last change, until a window measures it, or ``None``.
-        held: ``(plan, busy_s)`` restored by a revert, kept while no rank's busy time drifts
-            from ``busy_s`` by more than ``threshold`` plus twice the window's relative
-            standard error; or ``None``.
+        held: ``(plan, busy_s)`` restored by a revert, kept while no rank's share of the busy
+            time drifts from its share in ``busy_s`` by more than ``threshold`` plus twice the
+            window's relative standard error (:func:`drifted`); or ``None``.
 
     Example:
         >>> rounds = Rounds(calibrating=False)

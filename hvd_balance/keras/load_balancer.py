@@ -47,10 +47,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
     trial judged by the next window's measured step time (busy + wait): a change that made the
     step longer (by more than 2 % plus the noise) is undone, and the plan restored is kept
-    until some rank's busy time drifts by more than ``threshold``
-    (:class:`hvd_balance.core.replan.Rounds`): balancing busy
-    times can lengthen a communication-bound step, whose slow ranks also run their share of the
-    collectives slowly.
+    until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
+    (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
+    communication-bound step, whose slow ranks also run their share of the collectives slowly.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
