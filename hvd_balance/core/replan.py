@@ -26,6 +26,10 @@ after a re-plan predicted 18 % shorter). So every change is a trial, judged by t
 next window measures (busy + wait, seconds per step): a change that made the step longer by
 more than :data:`UNDO_MARGIN` (2 %) plus the noise allowance is reverted, and the plan reverted
 to is held until the ranks' relative speeds drift by more than the threshold (:class:`Rounds`).
+Where the step is communication-bound (:data:`COMMUNICATION_BOUND`), busy times cannot say
+which plan is faster, so once the busy times ask for no further change the paper's rule (each
+batch proportional to the rank's measured throughput) is tried against the plan in force, and
+the faster of the two, as measured, is held.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ CALIBRATION_THRESHOLD = 0.02
 # this (a fraction) plus the windows' noise allowance: the calibration's 2 % the other way, so
 # that noise alone rarely undoes a change that was predicted to gain at least that much.
 UNDO_MARGIN = 0.02
+# A window whose step lasts this many times the largest busy time is communication-bound: a
+# third of the step or more is outside every rank's own work. Measured: 1.01-1.22 for the
+# CNN, the MLP and a fixed per-step cost, 1.7-3.6 for the text CNN's embedding gradient and
+# for SyncBatchNormalization (BENCHMARKS.md).
+COMMUNICATION_BOUND = 1.5
 
 
 def round_threshold(threshold: float, calibrating: bool) -> float:
@@ -82,6 +91,8 @@ class Decision:
         reverted: whether ``plan`` is the plan before the last change, restored because the
             change did not shorten the measured step (``gain`` is then the measured
             ``1 - step before / step after``).
+        explored: whether ``plan`` is the paper's rule, tried against the plan in force because
+            the step is communication-bound (``gain`` is then 0: nothing predicts it).
     """
 
     plan: Plan
@@ -90,6 +101,7 @@ class Decision:
     efficiency: float
     busy_s: tuple
     reverted: bool = False
+    explored: bool = False
 
 
 def balance_efficiency(busy_s: Sequence[float]) -> float:
@@ -223,6 +235,7 @@ class Trial:
         step_s: the replaced plan's measured step, seconds per step (busy + wait).
         busy_s: the replaced plan's measured busy seconds per step, per rank.
         noise: the relative standard errors of ``busy_s``.
+        hold_if_kept: whether the new plan is held if kept (a trial of the paper's rule).
     """
 
     plan: Plan
@@ -230,6 +243,7 @@ class Trial:
     step_s: float
     busy_s: Tuple[float, ...]
     noise: Tuple[Optional[float], ...] = ()
+    hold_if_kept: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +260,11 @@ class Rounds:
         measured: the slowest busy seconds per step measured under each plan, by batches
             (``inf`` for a plan reverted from: never proposed again).
         trial: the last change, until a window measures it, or ``None``.
-        held: ``(plan, busy_s)`` restored by a revert, kept while no rank's share of the busy
-            time drifts from its share in ``busy_s`` by more than ``threshold`` plus twice the
-            window's relative standard error (:func:`drifted`); or ``None``.
+        held: ``(plan, busy_s)`` restored by a revert (or kept after a trial of the paper's
+            rule), kept while no rank's share of the busy time drifts from its share in
+            ``busy_s`` by more than ``threshold`` plus twice the window's relative standard
+            error (:func:`drifted`); or ``None``.
+        explored: whether the paper's rule was tried (once per job).
 
     Example:
         >>> rounds = Rounds(calibrating=False)
@@ -268,6 +284,7 @@ class Rounds:
     measured: Mapping[Tuple[int, ...], float] = dataclasses.field(default_factory=dict)
     trial: Optional[Trial] = None
     held: Optional[Tuple[Plan, Tuple[float, ...]]] = None
+    explored: bool = False
 
     def next(self, plan: Plan, busy_s: Sequence[float], noise: Optional[Sequence[float]] = None,
              step_s: Optional[float] = None, pooled_s: Optional[Sequence[float]] = None,
@@ -299,18 +316,24 @@ class Rounds:
                 state, trial=trial)
         allowance = 2.0 * max((float(e) for e in (*(noise or ()), *(trial.noise if trial else ()))
                                if e is not None), default=0.0)
-        if trial is not None and step_s is not None and step_s > trial.step_s * (
-                1.0 + UNDO_MARGIN + allowance):  # the change made the step longer: undo it
+        # A change the busy times predicted is undone when the step grew beyond the noise; the
+        # paper's plan, which nothing predicted, is kept only if its step was not longer.
+        margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN + allowance
+        if trial is not None and step_s is not None and step_s > trial.step_s * (1.0 + margin):
             measured[key] = math.inf
             revert = Decision(trial.before, True, 1.0 - trial.step_s / step_s, efficiency, busy,
                               reverted=True)
             return revert, dataclasses.replace(state, held=(trial.before, trial.busy_s))
+        if trial is not None and step_s is not None and trial.hold_if_kept:
+            kept = Decision(plan, False, 1.0 - step_s / trial.step_s, efficiency, busy)
+            return kept, dataclasses.replace(state, held=(plan, busy))
         if self.held is not None:
             held_plan, reference = self.held
             if tuple(held_plan.batch_sizes) != key:  # a plan decided earlier is still pending
                 return Decision(held_plan, True, 0.0, efficiency, busy, reverted=True), state
             if not drifted(reference, busy, self.threshold + allowance):
-                return Decision(plan, False, 0.0, efficiency, busy), state
+                return (self._explore(plan, busy, noise, step_s, state)
+                        or (Decision(plan, False, 0.0, efficiency, busy), state))
             state = dataclasses.replace(state, held=None)
         threshold = round_threshold(self.threshold, self.calibrating)
         decision = decide(plan, busy, threshold, self.method, noise, self.previous, measured)
@@ -320,7 +343,29 @@ class Rounds:
             if again.changed:
                 decision = again
         state = dataclasses.replace(state, calibrating=False)
+        if not decision.changed:
+            explored = self._explore(plan, busy, noise, step_s, state)
+            if explored is not None:
+                return explored
         if decision.changed and step_s is not None:
             state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy,
                                                            tuple(noise or ())))
         return decision, state
+
+    def _explore(self, plan: Plan, busy: Tuple[float, ...], noise, step_s: Optional[float],
+                 state: "Rounds") -> Optional[Tuple[Decision, "Rounds"]]:
+        """The paper's plan as a trial, once per job, when the window is communication-bound
+        and that plan differs from ``plan``; else ``None``."""
+        if (self.explored or self.method != "minmax" or step_s is None or not plan.curves
+                or step_s < COMMUNICATION_BOUND * max(busy)):
+            return None
+        paper = plan_batches(corrected_curves(plan, busy), plan.global_batch_size,
+                             max_batch_sizes=plan.max_batch_sizes,
+                             min_batch_sizes=plan.min_batch_sizes, method="proportional",
+                             hosts=plan.hosts, devices=plan.devices, benchmark_s=plan.benchmark_s)
+        if (paper.batch_sizes == plan.batch_sizes
+                or state.measured.get(tuple(paper.batch_sizes)) == math.inf):
+            return None
+        trial = Trial(paper, plan, float(step_s), busy, tuple(noise or ()), hold_if_kept=True)
+        return (Decision(paper, True, 0.0, balance_efficiency(busy), busy, explored=True),
+                dataclasses.replace(state, trial=trial, held=None, explored=True))

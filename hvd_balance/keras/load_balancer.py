@@ -50,6 +50,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
     communication-bound step, whose slow ranks also run their share of the collectives slowly.
+    Where the step lasts 1.5 times the largest busy time or more, the paper's proportional plan
+    is also tried once, when busy times ask for no further change, and the faster of the two
+    as measured is kept.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -99,8 +102,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            reverted, threshold: the gain that round needed, batch_sizes, busy_ms, busy_rse,
-            step_ms: the window's step time), identical on every rank.
+            reverted, explored, threshold: the gain that round needed, batch_sizes, busy_ms,
+            busy_rse, step_ms: the window's step time), identical on every rank.
 
     Example:
         ```python
@@ -295,7 +298,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         steps = [w["step_s"] for w in window if w["step_s"] is not None]
         step_s = float(np.median(steps)) if len(steps) == len(window) else None
         record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
-                  "changed": False, "reverted": False, "threshold": None,
+                  "changed": False, "reverted": False, "explored": False, "threshold": None,
                   "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
                   "busy_rse": [w["busy_rse"] for w in window],
@@ -306,17 +309,21 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 threshold = round_threshold(self.threshold, self._rounds.calibrating)
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
+                noise = [w["busy_rse"] for w in window]
+                pooled_noise = [w["pooled_busy_rse"] for w in window]
                 decision, self._rounds = collective.agree(
-                    lambda: self._rounds.next(self.plan, busy, [w["busy_rse"] for w in window],
-                                              step_s, pooled, [w["pooled_busy_rse"] for w in window]),
+                    lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise),
                     name="hvd_balance.rebalance")
                 record.update(gain=decision.gain, changed=decision.changed,
-                              reverted=decision.reverted, threshold=threshold,
+                              reverted=decision.reverted, explored=decision.explored,
+                              threshold=threshold,
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
                 if decision.changed and self.verbose and collective.rank() == 0:
-                    what = (f"restored the plan before, which measured a {100 * decision.gain:.1f}% "
-                            "shorter step" if decision.reverted else
+                    what = (f"restored the plan before, which measured a "
+                            f"{100 * decision.gain:.1f}% shorter step" if decision.reverted else
+                            "communication-bound step: trying the paper's proportional plan"
+                            if decision.explored else
                             f"re-planned for a predicted {100 * decision.gain:.1f}% shorter step")
                     print(f"hvd_balance: epoch {self._epoch} step {step}: efficiency "
                           f"{decision.efficiency:.3f}, {what}: {list(decision.plan.batch_sizes)}",

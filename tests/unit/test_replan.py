@@ -179,7 +179,8 @@ def test_a_change_that_lengthens_the_step_is_undone_and_the_plan_held():
     assert changed != plans[0] and decisions[0].changed and decisions[0].gain > 0.05
     assert comm_bound_step(changed) > comm_bound_step(plans[0])  # busy-balanced, step longer
     assert decisions[1].reverted and decisions[1].plan.batch_sizes == plans[0]
-    assert decisions[1].gain == pytest.approx(1 - comm_bound_step(plans[0]) / comm_bound_step(changed))
+    before, after = comm_bound_step(plans[0]), comm_bound_step(changed)
+    assert decisions[1].gain == pytest.approx(1 - before / after)
     # held: no swing back to the plan that measured worse
     assert plans[2:] == [plans[0]] * 4 and not any(d.changed for d in decisions[2:])
     assert rounds.held is not None and rounds.trial is None
@@ -192,7 +193,8 @@ def test_a_change_that_shortens_the_step_is_kept():
     def step(batches):
         return max(busy(batches)) + 0.010
 
-    plans, decisions, rounds = run_rounds(Plan.from_batch_sizes([128, 128]), Rounds(), busy, step, 4)
+    start = Plan.from_batch_sizes([128, 128])
+    plans, decisions, rounds = run_rounds(start, Rounds(), busy, step, 4)
     assert plans[1] == plans[2] == plans[3] != plans[0]
     assert not any(d.reverted for d in decisions) and rounds.held is None
     assert step(plans[3]) < 0.6 * step(plans[0])
@@ -248,7 +250,35 @@ def test_a_change_within_the_noise_of_the_step_is_kept():
 
 def test_drifted_compares_the_ranks_shares_of_the_busy_time():
     assert not drifted([0.1, 0.2], [0.104, 0.196], 0.08)
-    assert drifted([0.1, 0.2], [0.1, 0.26], 0.08)  # rank 1 30 % slower: its share +7 %, rank 0's -13 %
+    assert drifted([0.1, 0.2], [0.1, 0.26], 0.08)  # rank 1 30 % slower: share +7 %, rank 0 -13 %
     # the whole machine 16 % slower (measured on 4 ranks: a held plan's busy times against
     # the window before): no rank's share moved by 8 %
     assert not drifted([0.236, 0.187, 0.109, 0.128], [0.255, 0.207, 0.127, 0.142], 0.08)
+
+
+def test_a_communication_bound_job_tries_the_papers_plan_once_and_keeps_the_faster():
+    # Rank 1 has a fixed cost per step, so the paper's rule (batches proportional to the
+    # throughput at the largest timed batch) gives it 50 samples where minmax gives 46.
+    true = [affine(0.005, 0.001), affine(0.030, 0.004)]
+    curves = [[(b, t(b)) for b in (32, 64)] for t in true]
+    start = plan_batches(curves, 256)
+
+    def busy(batches):
+        return [t(b) for t, b in zip(true, batches)]
+
+    for faster in ("paper", "minmax", None):
+        def step(batches, faster=faster):
+            # twice the busy time (communication-bound), plus 50 ms for the plan that loses
+            loses = {"paper": batches == start.batch_sizes, "minmax": batches != start.batch_sizes}
+            return (2.0 if faster else 1.0) * max(busy(batches)) + 0.05 * loses.get(faster, False)
+
+        plans, decisions, rounds = run_rounds(start, Rounds(), busy, step, 6)
+        if faster is None:  # compute-bound: busy times rank plans, nothing is tried
+            assert not any(d.explored or d.changed for d in decisions), decisions
+            continue
+        assert [d.explored for d in decisions] == [True] + [False] * 5, decisions
+        paper = decisions[0].plan.batch_sizes
+        assert paper != start.batch_sizes and paper[1] > start.batch_sizes[1]
+        best = paper if faster == "paper" else start.batch_sizes
+        assert plans[1] == paper and plans[2:] == [best] * 4
+        assert decisions[1].reverted == (faster == "minmax") and rounds.held is not None
