@@ -24,12 +24,12 @@ large (communication-bound steps), a plan that equalizes busy times can make the
 (measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
 next window measures (busy + wait, seconds per step): a change that made the step longer by
-more than :data:`UNDO_MARGIN` (2 %) plus the noise allowance is reverted, and the plan reverted
+more than :data:`UNDO_MARGIN` (5 %) is reverted, and the plan reverted
 to is held until the ranks' relative speeds drift by more than the threshold (:class:`Rounds`).
 Where the step is communication-bound (:data:`COMMUNICATION_BOUND`), busy times cannot say
-which plan is faster, so once the busy times ask for no further change the paper's rule (each
-batch proportional to the rank's measured throughput) is tried against the plan in force, and
-the faster of the two, as measured, is held.
+which plan is faster, so once the busy times ask for no further change the paper's plan from the
+benchmark (:func:`paper_plan`: each batch proportional to the rank's benchmarked throughput)
+is tried against the plan in force, and the faster of the two, as measured, is held.
 """
 
 from __future__ import annotations
@@ -56,9 +56,11 @@ MIN_SAMPLES = 5
 # window's noise allowance; later rounds need :data:`DEFAULT_THRESHOLD`.
 CALIBRATION_THRESHOLD = 0.02
 # A change is undone when the step it measured is longer than the step before by more than
-# this (a fraction) plus the windows' noise allowance: the calibration's 2 % the other way, so
-# that noise alone rarely undoes a change that was predicted to gain at least that much.
-UNDO_MARGIN = 0.02
+# this (a fraction). With the plan fixed, the mean step of one epoch against the next varied by
+# 2-8 % on this shared machine (BENCHMARKS.md), so a smaller margin would undo good changes on
+# noise; busy times' own standard errors (up to 4.5 % on a quarter core) say little about the
+# step's mean.
+UNDO_MARGIN = 0.05
 # A window whose step lasts this many times the largest busy time is communication-bound: a
 # third of the step or more is outside every rank's own work. Measured: 1.01-1.22 for the
 # CNN, the MLP and a fixed per-step cost, 1.7-3.6 for the text CNN's embedding gradient and
@@ -225,6 +227,23 @@ def drifted(reference_s: Sequence[float], busy_s: Sequence[float], threshold: fl
     return bool(np.max(np.abs((busy / busy.sum()) / (ref / ref.sum()) - 1.0)) > threshold)
 
 
+def paper_plan(plan: Plan) -> Optional[Plan]:
+    """The paper's plan from ``plan``'s benchmark curves: ``b_i`` proportional to each rank's
+    throughput (samples/s) at its largest timed batch, within ``plan``'s caps and floors; ``None``
+    when ``plan`` has no curves or was itself made by that rule.
+
+    Measured on the 4-rank ResNet with ``SyncBatchNormalization`` (BENCHMARKS.md): it gave the
+    quarter-core ranks 54-61 samples where equal busy times gave them 75-87, and its steps were
+    5-10 % shorter.
+    """
+    if not plan.curves or plan.method == "proportional":
+        return None
+    return plan_batches([TimeCurve(c) for c in plan.curves], plan.global_batch_size,
+                        max_batch_sizes=plan.max_batch_sizes, min_batch_sizes=plan.min_batch_sizes,
+                        method="proportional", hosts=plan.hosts, devices=plan.devices,
+                        benchmark_s=plan.benchmark_s)
+
+
 @dataclasses.dataclass(frozen=True)
 class Trial:
     """A plan change awaiting the verdict of the window that runs it.
@@ -234,7 +253,6 @@ class Trial:
         before: the plan it replaced, restored if the change does not shorten the step.
         step_s: the replaced plan's measured step, seconds per step (busy + wait).
         busy_s: the replaced plan's measured busy seconds per step, per rank.
-        noise: the relative standard errors of ``busy_s``.
         hold_if_kept: whether the new plan is held if kept (a trial of the paper's rule).
     """
 
@@ -242,7 +260,6 @@ class Trial:
     before: Plan
     step_s: float
     busy_s: Tuple[float, ...]
-    noise: Tuple[Optional[float], ...] = ()
     hold_if_kept: bool = False
 
 
@@ -264,7 +281,9 @@ class Rounds:
             rule), kept while no rank's share of the busy time drifts from its share in
             ``busy_s`` by more than ``threshold`` plus twice the window's relative standard
             error (:func:`drifted`); or ``None``.
-        explored: whether the paper's rule was tried (once per job).
+        paper: the paper's plan from the benchmark (:func:`paper_plan`), tried once where the
+            step is communication-bound; ``None``: never tried.
+        explored: whether it was tried.
 
     Example:
         >>> rounds = Rounds(calibrating=False)
@@ -284,6 +303,7 @@ class Rounds:
     measured: Mapping[Tuple[int, ...], float] = dataclasses.field(default_factory=dict)
     trial: Optional[Trial] = None
     held: Optional[Tuple[Plan, Tuple[float, ...]]] = None
+    paper: Optional[Plan] = None
     explored: bool = False
 
     def next(self, plan: Plan, busy_s: Sequence[float], noise: Optional[Sequence[float]] = None,
@@ -314,11 +334,9 @@ class Rounds:
             # this window ran the plan before it again; wait for one that runs it.
             return Decision(trial.plan, False, 0.0, efficiency, busy), dataclasses.replace(
                 state, trial=trial)
-        allowance = 2.0 * max((float(e) for e in (*(noise or ()), *(trial.noise if trial else ()))
-                               if e is not None), default=0.0)
         # A change the busy times predicted is undone when the step grew beyond the noise; the
         # paper's plan, which nothing predicted, is kept only if its step was not longer.
-        margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN + allowance
+        margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN
         if trial is not None and step_s is not None and step_s > trial.step_s * (1.0 + margin):
             measured[key] = math.inf
             revert = Decision(trial.before, True, 1.0 - trial.step_s / step_s, efficiency, busy,
@@ -331,6 +349,7 @@ class Rounds:
             held_plan, reference = self.held
             if tuple(held_plan.batch_sizes) != key:  # a plan decided earlier is still pending
                 return Decision(held_plan, True, 0.0, efficiency, busy, reverted=True), state
+            allowance = 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
             if not drifted(reference, busy, self.threshold + allowance):
                 return (self._explore(plan, busy, noise, step_s, state)
                         or (Decision(plan, False, 0.0, efficiency, busy), state))
@@ -348,24 +367,20 @@ class Rounds:
             if explored is not None:
                 return explored
         if decision.changed and step_s is not None:
-            state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy,
-                                                           tuple(noise or ())))
+            state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy))
         return decision, state
 
     def _explore(self, plan: Plan, busy: Tuple[float, ...], noise, step_s: Optional[float],
                  state: "Rounds") -> Optional[Tuple[Decision, "Rounds"]]:
         """The paper's plan as a trial, once per job, when the window is communication-bound
         and that plan differs from ``plan``; else ``None``."""
-        if (self.explored or self.method != "minmax" or step_s is None or not plan.curves
+        paper = self.paper
+        if (paper is None or self.explored or step_s is None
                 or step_s < COMMUNICATION_BOUND * max(busy)):
             return None
-        paper = plan_batches(corrected_curves(plan, busy), plan.global_batch_size,
-                             max_batch_sizes=plan.max_batch_sizes,
-                             min_batch_sizes=plan.min_batch_sizes, method="proportional",
-                             hosts=plan.hosts, devices=plan.devices, benchmark_s=plan.benchmark_s)
         if (paper.batch_sizes == plan.batch_sizes
                 or state.measured.get(tuple(paper.batch_sizes)) == math.inf):
             return None
-        trial = Trial(paper, plan, float(step_s), busy, tuple(noise or ()), hold_if_kept=True)
+        trial = Trial(paper, plan, float(step_s), busy, hold_if_kept=True)
         return (Decision(paper, True, 0.0, balance_efficiency(busy), busy, explored=True),
                 dataclasses.replace(state, trial=trial, held=None, explored=True))

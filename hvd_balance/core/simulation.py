@@ -289,7 +289,8 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
     base_s = {s: cluster.step_s(b) for s, b in batches.items()}
     smallest = {s: int(b.min()) for s, b in batches.items()}  # smallest local batch used
     adaptive_plan = static
-    rounds = Rounds(threshold)  # what the adaptive strategy has learned, as the LoadBalancer keeps it
+    # what the adaptive strategy has learned, as the LoadBalancer keeps it
+    rounds = Rounds(threshold, paper=proportional)
     makespan = {s: np.empty(steps) for s in STRATEGIES}
     efficiency = {s: np.empty(steps) for s in STRATEGIES}
     idle = {s: np.empty(steps) for s in STRATEGIES}

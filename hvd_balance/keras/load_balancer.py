@@ -17,8 +17,8 @@ from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
-from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency, robust_busy,
-                           round_threshold)
+from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency, paper_plan,
+                           robust_busy, round_threshold)
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,13 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     steps (the first epoch, or the first ``rebalance`` steps) re-plans for any gain above 2 %
     and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
     trial judged by the next window's measured step time (busy + wait): a change that made the
-    step longer (by more than 2 % plus the noise) is undone, and the plan restored is kept
+    step longer (by more than 5 %) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
     communication-bound step, whose slow ranks also run their share of the collectives slowly.
     Where the step lasts 1.5 times the largest busy time or more, the paper's proportional plan
-    is also tried once, when busy times ask for no further change, and the faster of the two
-    as measured is kept.
+    from the benchmark is also tried once, when busy times ask for no further change, and the
+    faster of the two as measured is kept.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -208,8 +208,6 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                              f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
         if self.rebalance_given is None:
             self.rebalance = self._default_rebalance()
-        # What re-planning learns; its first round is the calibration after a benchmark.
-        self._rounds = Rounds(self.threshold, self.method, calibrating=self.given_plan is None)
         self._check_gradient_aggregation()
         parameters = (plan_sync.trainable_parameters(self.model)
                       if self.model.built else None)
@@ -233,6 +231,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             plan = collective.all_ok(lambda: plan.with_floors(self.min_batch_size),
                                      name="hvd_balance.min_batch_size")
         self._apply(plan)
+        # What re-planning learns; its first round is the calibration after a benchmark.
+        self._rounds = Rounds(self.threshold, self.method, calibrating=self.given_plan is None,
+                              paper=paper_plan(plan))
         if self.verbose and collective.rank() == 0:
             print(plan.table(), file=sys.stdout, flush=True)
         if collective.rank() == 0:
