@@ -50,9 +50,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
     communication-bound step, whose slow ranks also run their share of the collectives slowly.
-    Where the step lasts 1.5 times the largest busy time or more, the paper's proportional plan
-    from the benchmark is also tried once, when busy times ask for no further change, and the
-    faster of the two as measured is kept.
+    Where the step lasts 2.5 times the largest busy time or more, busy times do not predict
+    it: the paper's proportional plan from the benchmark is tried once first, and the faster of
+    the two as measured is kept.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.

@@ -265,9 +265,9 @@ def test_a_communication_bound_job_tries_the_papers_plan_once_and_keeps_the_fast
 
     for faster in ("paper", "minmax", None):
         def step(batches, faster=faster):
-            # twice the busy time (communication-bound), plus 50 ms for the plan that loses
+            # 3x the busy time (communication-bound), plus 50 ms for the plan that loses
             loses = {"paper": batches == start.batch_sizes, "minmax": batches != start.batch_sizes}
-            return (2.0 if faster else 1.0) * max(busy(batches)) + 0.05 * loses.get(faster, False)
+            return (3.0 if faster else 1.0) * max(busy(batches)) + 0.05 * loses.get(faster, False)
 
         plans, decisions, rounds = run_rounds(start, Rounds(paper=paper_plan(start)), busy, step, 6)
         if faster is None:  # compute-bound: busy times rank plans, nothing is tried
