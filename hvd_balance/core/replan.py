@@ -56,14 +56,14 @@ MIN_SAMPLES = 5
 # window's noise allowance; later rounds need :data:`DEFAULT_THRESHOLD`.
 CALIBRATION_THRESHOLD = 0.02
 # A change is undone when the step it measured is longer than the step before by more than
-# this (a fraction). With the plan fixed, the mean step of one epoch against the next varied by
-# 2-8 % on this shared machine (BENCHMARKS.md), so a smaller margin would undo good changes on
-# noise; busy times' own standard errors (up to 4.5 % on a quarter core) say little about the
-# step's mean.
+# this (a fraction). With the plan fixed, one epoch's mean step against the next differed by a
+# median of 2.6 %, under 5 % in 40 of 48 pairs, on this shared machine (BENCHMARKS.md), so a
+# smaller margin would undo good changes on noise; busy times' own standard errors (up to 4.5 %
+# on a quarter core) say little about the step's mean.
 UNDO_MARGIN = 0.05
 # A window whose step lasts this many times the largest busy time is communication-bound:
 # busy times cover less than 40 % of the step and do not predict it. Measured step / largest
-# busy time (BENCHMARKS.md): 1.01-1.22 for the CNN, the MLP and a fixed per-step cost; 1.7-2.2
+# busy time (BENCHMARKS.md): 1.06-1.22 for the CNN, the MLP and a fixed per-step cost; 1.7-2.2
 # for the text CNN, whose busy-time re-plans were kept by the step time they then measured;
 # 3.1-3.6 for the 4-rank ResNet with SyncBatchNormalization, where 3 of 4 such re-plans made
 # the step 5-17 % longer.
