@@ -337,8 +337,9 @@ class Rounds:
             # this window ran the plan before it again; wait for one that runs it.
             return Decision(trial.plan, False, 0.0, efficiency, busy), dataclasses.replace(
                 state, trial=trial)
-        # A change the busy times predicted is undone when the step grew beyond the noise; the
-        # paper's plan, which nothing predicted, is kept only if its step was not longer.
+        # A change the busy times predicted is undone when the step grew by more than
+        # UNDO_MARGIN (noise); the paper's plan, which nothing predicted, is kept only if its
+        # step was not longer.
         margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN
         if trial is not None and step_s is not None and step_s > trial.step_s * (1.0 + margin):
             measured[key] = math.inf
