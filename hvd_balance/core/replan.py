@@ -24,12 +24,13 @@ large (communication-bound steps), a plan that equalizes busy times can make the
 (measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
 next window measures (busy + wait, seconds per step): a change that made the step longer by
-more than :data:`UNDO_MARGIN` (5 %) is reverted, and the plan reverted
-to is held until the ranks' relative speeds drift by more than the threshold (:class:`Rounds`).
-Where the step is communication-bound (:data:`COMMUNICATION_BOUND`), busy times cannot say
-which plan is faster, so before any change they predict, the paper's plan from the benchmark
-(:func:`paper_plan`: each batch proportional to the rank's benchmarked throughput) is tried
-against the plan in force, and the faster of the two, as measured, is held.
+more than :data:`UNDO_MARGIN` (5 %) is reverted, and the plan reverted to is held until the
+ranks' relative speeds drift by more than the threshold plus the noise allowance
+(:class:`Rounds`). Where a window is communication-bound (:data:`COMMUNICATION_BOUND`), busy
+times cannot say which plan is faster, so the first such window, before any change busy times
+predict there, tries the paper's plan from the benchmark (:func:`paper_plan`: each batch
+proportional to the rank's benchmarked throughput) against the plan in force, and the faster
+of the two, as measured, is held.
 """
 
 from __future__ import annotations
@@ -327,7 +328,8 @@ class Rounds:
         busy = tuple(float(b) for b in busy_s)
         key = tuple(plan.batch_sizes)
         measured = dict(self.measured)
-        measured[key] = max(busy)
+        if measured.get(key) != math.inf:  # a plan undone stays barred (rebalance=K runs it on)
+            measured[key] = max(busy)
         state = dataclasses.replace(self, measured=measured, trial=None,
                                     previous=tuple(zip(plan.batch_sizes, busy)))
         efficiency = balance_efficiency(busy)
@@ -351,8 +353,8 @@ class Rounds:
             return kept, dataclasses.replace(state, held=(plan, busy))
         if self.held is not None:
             held_plan, reference = self.held
-            if tuple(held_plan.batch_sizes) != key:  # a plan decided earlier is still pending
-                return Decision(held_plan, True, 0.0, efficiency, busy, reverted=True), state
+            if tuple(held_plan.batch_sizes) != key:  # the undo, decided earlier, is still pending
+                return Decision(held_plan, False, 0.0, efficiency, busy), state
             allowance = 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
             if not drifted(reference, busy, self.threshold + allowance):
                 return (self._explore(plan, busy, step_s, state)
@@ -370,7 +372,8 @@ class Rounds:
                 decision = again
         state = dataclasses.replace(state, calibrating=False)
         if decision.changed and step_s is not None:
-            state = dataclasses.replace(state, trial=Trial(decision.plan, plan, float(step_s), busy))
+            trial = Trial(decision.plan, plan, float(step_s), busy)
+            state = dataclasses.replace(state, trial=trial)
         return decision, state
 
     def _explore(self, plan: Plan, busy: Tuple[float, ...], step_s: Optional[float],

@@ -10,7 +10,8 @@ step times at a few local batches), plans with each strategy and runs synchronou
 * ``adaptive``: the same first plan; every ``replan_every`` steps the window's busy times
   go to the library's own re-planning rounds, :class:`hvd_balance.core.replan.Rounds` (the
   same rule, threshold, calibration round, noise allowance and trial of each change against
-  the window's step time as the ``LoadBalancer``).
+  the window's step time as the ``LoadBalancer``; a simulated step is its slowest rank's busy
+  time, never communication-bound, so the paper's plan is never tried there).
 
 Rank i's step time at local batch b and step s is ``(fixed_s_i + s_per_sample_i * b) *
 drift_i(s) * noise_i(s)``: device profiles with a per-rank jitter, a lognormal per-step

@@ -48,11 +48,12 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     trial judged by the next window's measured step time (busy + wait): a change that made the
     step longer (by more than 5 %) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
+    plus the noise
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
     communication-bound step, whose slow ranks also run their share of the collectives slowly.
     Where the step lasts 2.5 times the largest busy time or more, busy times do not predict
-    it: the paper's proportional plan from the benchmark is tried once first, and the faster of
-    the two as measured is kept.
+    it: the first such window tries the paper's proportional plan from the benchmark, and the
+    faster of the two as measured is kept.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
