@@ -58,7 +58,7 @@ MIN_SAMPLES = 5
 CALIBRATION_THRESHOLD = 0.02
 # A change is undone when the step it measured is longer than the step before by more than
 # this (a fraction). With the plan fixed, one epoch's mean step against the next differed by a
-# median of 2.6 %, under 5 % in 40 of 48 pairs, on this shared machine (BENCHMARKS.md), so a
+# median of 2.6 %, under 5 % in 39 of 48 pairs, on this shared machine (BENCHMARKS.md), so a
 # smaller margin would undo good changes on noise; busy times' own standard errors (up to 4.5 %
 # on a quarter core) say little about the step's mean.
 UNDO_MARGIN = 0.05
@@ -161,6 +161,16 @@ def robust_busy(samples: Sequence[float]):
     return med, 1.253 * 1.4826 * mad / np.sqrt(x.size) / med
 
 
+def noise_allowance(noise: Optional[Sequence[Optional[float]]]) -> float:
+    """Twice the largest relative standard error of a window's busy times (``None`` skipped),
+    the margin a measured change must exceed to count as more than noise.
+
+    >>> noise_allowance([0.01, None, 0.03]), noise_allowance(None)
+    (0.06, 0.0)
+    """
+    return 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
+
+
 def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRESHOLD,
            method: str = "minmax", noise: Optional[Sequence[float]] = None,
            previous: Optional[Sequence[Sequence[float]]] = None,
@@ -206,7 +216,7 @@ def decide(plan: Plan, busy_s: Sequence[float], threshold: float = DEFAULT_THRES
                    (measured or {}).get(tuple(proposal.batch_sizes), 0.0))
     gain = 1.0 - expected / current
     efficiency = balance_efficiency(busy)
-    required = threshold + 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
+    required = threshold + noise_allowance(noise)
     if gain > required and proposal.batch_sizes != plan.batch_sizes:
         return Decision(proposal, True, gain, efficiency, tuple(busy))
     # Keep the batches, but remember the corrected curves for the next round.
@@ -355,8 +365,7 @@ class Rounds:
             held_plan, reference = self.held
             if tuple(held_plan.batch_sizes) != key:  # the undo, decided earlier, is still pending
                 return Decision(held_plan, False, 0.0, efficiency, busy), state
-            allowance = 2.0 * max((float(e) for e in noise or () if e is not None), default=0.0)
-            if not drifted(reference, busy, self.threshold + allowance):
+            if not drifted(reference, busy, self.threshold + noise_allowance(noise)):
                 return (self._explore(plan, busy, step_s, state)
                         or (Decision(plan, False, 0.0, efficiency, busy), state))
             state = dataclasses.replace(state, held=None)
