@@ -8,8 +8,10 @@ or with any launcher: ``horovodrun -np 2 python examples/train_digits.py``, or a
 ``python examples/train_digits.py``. ``--strategy`` picks the local batches:
 
 * ``balanced`` (default): ``hvd_balance.LoadBalancer(data)``, batches that make every rank
-  finish each step together (measured step-time curves, fixed costs included);
-* ``proportional``: the paper's rule, batches proportional to each rank's throughput;
+  finish each step together (made from the first real steps' times, then re-planned at
+  epoch ends: fixed costs included);
+* ``proportional``: the paper's rule, batches proportional to each rank's benchmarked
+  throughput, kept;
 * ``uniform``: plain Horovod's split, equal local batches.
 
 The gradient is weighted by each rank's share of the global batch, so all three train the
@@ -110,8 +112,9 @@ def main(argv=None):
     elif args.strategy == "uniform":  # plain Horovod's split
         plan = hvd_balance.Plan.uniform(args.global_batch, hvd.size())
         balancer = hvd_balance.LoadBalancer(data, plan, validation_data=val)
-    elif args.strategy == "proportional":
-        balancer = hvd_balance.LoadBalancer(data, validation_data=val, method="proportional")
+    elif args.strategy == "proportional":  # the paper's rule: from a benchmark, kept
+        balancer = hvd_balance.LoadBalancer(data, validation_data=val, method="proportional",
+                                            rebalance="off")
     else:
         balancer = hvd_balance.LoadBalancer(data, validation_data=val)
     timer = EpochTimer()

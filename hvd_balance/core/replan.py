@@ -50,6 +50,26 @@ from .planner import TimeCurve, plan_batches
 DEFAULT_THRESHOLD = 0.08
 # Timed steps per rank below which a window is too short to re-plan from.
 MIN_SAMPLES = 5
+# Without a benchmark, training starts from equal batches and the first plan is made from
+# the busy times of the first real steps: this many, the first of which (it traces the step)
+# the telemetry leaves out, so 3 are timed and their median survives one hiccup. Each costs
+# the fast ranks a wait for the slowest (on the 1.0/0.25 pair about 1.5 balanced steps), so
+# they are few: the next window (the rest of the epoch) refines the plan.
+CALIBRATION_STEPS = 4
+
+
+def calibration_step(steps_per_epoch: int, every: int = 1,
+                     first: int = CALIBRATION_STEPS) -> Optional[int]:
+    """The step at which a plan made from the first real steps takes effect: the smallest
+    multiple of ``every`` (steps per execution or per aggregated gradient) from ``first`` on,
+    or ``None`` when that leaves fewer than ``first`` steps of the epoch (the epoch's end
+    comes soon enough).
+
+    >>> calibration_step(50), calibration_step(50, every=3), calibration_step(6)
+    (4, 6, None)
+    """
+    step = -(-int(first) // int(every)) * int(every)
+    return step if step + int(first) <= int(steps_per_epoch) else None
 # The first re-planning round after a benchmark is a calibration: the benchmark timed a step
 # of its own (no input pipeline, none of Keras's per-step work), which on a quarter core
 # under-predicted the real step by 5-20 % (BENCHMARKS.md), so the first window of real steps

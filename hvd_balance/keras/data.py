@@ -23,6 +23,8 @@ takes it directly and ``len(data)`` is the number of steps per epoch.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -32,6 +34,12 @@ from . import collective
 from ..core.plan import Plan
 
 log = logging.getLogger(__name__)
+
+# How long the input pipeline waits at a held step (:meth:`BalancedData.hold_at`) for the plan
+# before it fails: the decision is one allgather away, so only a rank that stopped deciding
+# (an error on the main thread) gets here, and a pipeline thread blocked forever would keep
+# the process from exiting.
+HOLD_TIMEOUT_S = 300.0
 
 
 def _length(name: str, value) -> int:
@@ -128,6 +136,10 @@ class BalancedData(tf.data.Dataset):
         # Plans in force, per epoch: {epoch: {first_step: plan}}; steps before the first key
         # of an epoch use the plan the epoch started with (self.plan at that time).
         self._schedule = {}
+        # Extra segment boundaries where the pipeline waits for the plan (hold_at), per epoch:
+        # {epoch: {step: threading.Event set once the plan from that step is known}}.
+        self._holds = {}
+        self._started = set()  # epochs whose pipeline has begun (their segments are fixed)
         if prefetch is None and segment_steps:
             prefetch = max(1, self.segment_steps // 2)
         if self.rank == 0 and self.remainder:
@@ -293,15 +305,44 @@ class BalancedData(tf.data.Dataset):
         """
         plan.check(self.world_size, self.global_batch_size)
         step = int(step)
-        if step % self.segment_steps or not 0 <= step < max(self.steps, 1):
+        held = self._holds.get(self.epoch, {})
+        if (step % self.segment_steps and step not in held) or not 0 <= step < max(self.steps, 1):
             raise ValueError(f"a plan can change only at a segment boundary (a multiple of "
-                             f"{self.segment_steps} below {self.steps}); got step {step}")
+                             f"{self.segment_steps} below {self.steps}, or a held step "
+                             f"{sorted(held)}); got step {step}")
         schedule = self._schedule.setdefault(self.epoch, {})
         schedule.setdefault(0, self.plan)  # what the epoch started with, before this change
         for later in [s for s in schedule if s >= step]:
             del schedule[later]
         schedule[step] = plan
         self.plan = plan
+        if step in held:
+            held[step].set()
+
+    def hold_at(self, step: int) -> None:
+        """Make ``step`` of the current epoch a segment boundary where the input pipeline
+        waits until the plan from it on is known: :meth:`set_plan` at ``step``, or
+        :meth:`release`.
+
+        For a plan decided in the hook after step ``step - 1`` from that step's measurements:
+        a prefetching pipeline would otherwise have produced the following batches under the
+        old plan already. The first step after the hold waits for its batch to be made (one
+        batch, once). Set it before the epoch's iterator reaches ``step``.
+        """
+        step = int(step)
+        if not 0 < step < self.steps:
+            raise ValueError(f"a hold must be inside the epoch (0 < step < {self.steps}); got {step}")
+        if self.epoch in self._started:
+            raise RuntimeError(f"epoch {self.epoch}'s input pipeline has started: its segments "
+                               "are laid out; hold a step before the epoch's iterator is made")
+        self._holds.setdefault(self.epoch, {}).setdefault(step, threading.Event())
+
+    def release(self) -> None:
+        """Let the pipeline past every held step with the plans set so far (training ended
+        or stopped before deciding)."""
+        for holds in self._holds.values():
+            for event in holds.values():
+                event.set()
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose permutation the next iterator draws (resume: the initial epoch).
@@ -312,7 +353,13 @@ class BalancedData(tf.data.Dataset):
         epoch = int(epoch)
         if epoch != self.epoch:
             self._schedule.pop(epoch, None)
+            self._drop_holds(epoch)
+            self._started.discard(epoch)
         self.epoch = epoch
+
+    def _drop_holds(self, epoch: int) -> None:
+        for event in self._holds.pop(epoch, {}).values():
+            event.set()  # a pipeline still waiting there goes on under the plan in force
 
     def set_world(self, rank: int, world_size: int, plan: Optional[Plan] = None) -> None:
         """Move to another world (an elastic reset): this rank's new index and the new size.
@@ -323,6 +370,7 @@ class BalancedData(tf.data.Dataset):
         self.plan = plan if plan is not None else Plan.uniform(self.global_batch_size, self.world_size)
         self.plan.check(self.world_size, self.global_batch_size)
         self._schedule.pop(self.epoch, None)
+        self._drop_holds(self.epoch)
 
     def plan_at(self, epoch: int, step: int) -> Plan:
         """The plan in force at ``step`` of ``epoch``."""
@@ -330,10 +378,16 @@ class BalancedData(tf.data.Dataset):
         starts = [s for s in schedule if s <= step]
         return schedule[max(starts)] if starts else self.plan
 
-    def segment(self, step: int):
-        """``(first_step, end_step)`` of the segment holding ``step``."""
-        first = (int(step) // self.segment_steps) * self.segment_steps
-        return first, min(first + self.segment_steps, self.steps)
+    def segment(self, step: int, epoch: Optional[int] = None):
+        """``(first_step, end_step)`` of the segment holding ``step`` in ``epoch`` (default:
+        the current one): between multiples of ``segment_steps`` and the epoch's held steps."""
+        step = int(step)
+        first = (step // self.segment_steps) * self.segment_steps
+        end = min(first + self.segment_steps, self.steps)
+        held = self._holds.get(self.epoch if epoch is None else int(epoch), {})
+        first = max([first] + [s for s in held if s <= step])
+        end = min([end] + [s for s in held if s > step])
+        return first, end
 
     def indices(self, epoch: int, rank: Optional[int] = None, plan: Optional[Plan] = None,
                 start_step: int = 0):
@@ -347,7 +401,7 @@ class BalancedData(tf.data.Dataset):
         out = []
         step = int(start_step)
         while step < self.steps:
-            first, end = self.segment(step)
+            first, end = self.segment(step, epoch)
             block = self._block(order, first, end, plan or self.plan_at(epoch, first), rank)
             out.extend(block[step - first:])
             step = end
@@ -360,7 +414,7 @@ class BalancedData(tf.data.Dataset):
         ``model.fit(data.from_step(step), epochs=1)``, then ``data.set_epoch(epoch + 1)``.
         """
         step = int(step)
-        if step % self.segment_steps or not 0 <= step < self.steps:
+        if step % self.segment_steps or not 0 <= step < self.steps:  # holds: not commit points
             raise ValueError(f"resume only at a segment boundary (a multiple of "
                              f"{self.segment_steps} below {self.steps}); got step {step}")
         return self._make_pipeline(lambda: self._batches(step), self.steps - step)
@@ -407,11 +461,25 @@ class BalancedData(tf.data.Dataset):
         """
         epoch, rank, order = self.epoch, self.rank, self._order(self.epoch)
         self._schedule.setdefault(epoch, {}).setdefault(0, self.plan)  # the record for audits
+        self._started.add(epoch)
         step = start_step
         while step < self.steps:
-            first, end = self.segment(step)
+            first, end = self.segment(step, epoch)
+            self._wait_for_plan(epoch, first)
             yield from self._block(order, first, end, self.plan_at(epoch, first), rank)[step - first:]
             step = end
+
+    def _wait_for_plan(self, epoch: int, step: int) -> None:
+        event = self._holds.get(epoch, {}).get(step)
+        if event is None:
+            return
+        deadline = time.monotonic() + HOLD_TIMEOUT_S
+        while not event.wait(1.0):  # in slices, so a release from any thread is seen soon
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"rank {self.rank}: the input pipeline waited {HOLD_TIMEOUT_S:.0f} s at "
+                    f"step {step} of epoch {epoch} for the plan from that step (hold_at), "
+                    "which never came: the callback that holds it stopped deciding")
 
     def _batches(self, start_step: int = 0):
         """This rank's batches (or keys) from ``start_step`` to the end of the epoch."""

@@ -1,5 +1,5 @@
-"""LoadBalancer: the Keras callback that benchmarks the ranks, applies a balanced plan, and
-re-plans when the measured speeds drift."""
+"""LoadBalancer: the Keras callback that measures the ranks (their first real steps, or a
+benchmark), applies a balanced plan, and re-plans when the measured speeds drift."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
-from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency, paper_plan,
-                           robust_busy, round_threshold)
+from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds,
+                           balance_efficiency, calibration_step, paper_plan, robust_busy,
+                           round_threshold)
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +29,15 @@ PLAN_ENV = "HVD_BALANCE_PLAN"
 class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     """Give every rank a local batch sized to its speed, so all ranks finish each step together.
 
-    On train begin, every rank times its training step at a few local batch sizes (or takes
-    ``plan``), the curves are gathered, rank 0 plans and broadcasts, and every rank applies
-    the plan: its local batch to ``data`` (and ``validation_data``) and its gradient weight
+    By default there is no benchmark phase: training starts from equal batches, and after the
+    first ``CALIBRATION_STEPS`` (4) real steps every rank's measured busy time per step is
+    gathered and every rank adopts a plan with batches proportional to the measured speeds
+    (the paper's rule, on the real step: input pipeline and Keras's per-step work included),
+    from the next step on; the input pipeline waits for it there. With ``benchmark=True``
+    (the default where re-planning cannot run, or with ``rebalance="off"`` or memory caps),
+    every rank first times its training step at a few local batch sizes instead, and rank 0
+    plans from the curves. Either way (or with a given ``plan``), every rank applies the
+    plan: its local batch to ``data`` (and ``validation_data``) and its gradient weight
     ``b_i / B`` to the model's :func:`hvd_balance.DistributedOptimizer`. The global batch and
     the steps per epoch do not change. Rank 0 prints the plan table.
 
@@ -41,10 +48,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     (mean per step) and ``rank{i}_local_batch``. With ``rebalance`` on (the default after a
     benchmark), the curves are corrected by the measured times and a new plan is adopted on
     every rank at the same step boundary when it is predicted to be faster by more than
-    ``threshold``. The first such round is a *calibration*: the benchmark times a step of its
-    own, without the input pipeline and Keras's per-step work, so the first window of real
-    steps (the first epoch, or the first ``rebalance`` steps) re-plans for any gain above 2 %
-    and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
+    ``threshold``. The first such round is a *calibration* (the first real steps, or after a
+    benchmark, which times a step of its own without the input pipeline and Keras's per-step
+    work, the first window of real steps): it re-plans for any gain above 2 % and the
+    window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
     trial judged by the next window's measured step time (busy + wait): a change that made the
     step longer (by more than 5 %) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
@@ -72,20 +79,25 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             this many (for batch normalization, which a rank computes on its own few samples
             otherwise). With a given ``plan`` (or ``benchmark=False``'s equal start) the
             plan's batches must meet it. Without it, rank 0 warns
-            (:class:`~hvd_balance.keras.small_batch_check.SmallBatchWarning`) at train begin
-            when the model has unsynchronized ``BatchNormalization`` and a rank's batch is
+            (:class:`~hvd_balance.keras.small_batch_check.SmallBatchWarning`) when the first
+            plan is applied (train begin, or the first steps' plan) and the model has unsynchronized ``BatchNormalization`` and a rank's batch is
             below 16 samples.
-        benchmark: ``True`` (default) times every rank's step before the first epoch;
-            ``False`` skips that phase: training starts from equal batches and re-planning
-            (``rebalance``, required then) finds the balance from the telemetry of the real
-            steps: proportional after the first window, then the line through two windows,
-            which also sees fixed per-step costs. Costs the first window's imbalance instead of
-            a benchmark phase; no memory caps (give a ``plan`` with them instead).
+        benchmark: ``False`` skips the benchmark phase: training starts from equal batches and
+            re-planning (``rebalance``, required then) finds the balance from the telemetry of
+            the real steps: proportional after the first 4 steps (or, with ``rebalance=K``, the
+            first window, if shorter), then the line through two windows, which also sees
+            fixed per-step costs. Costs 4 steps of equal batches instead of a benchmark
+            phase; no memory caps (give a ``plan`` with them instead). ``True`` times every
+            rank's step before the first epoch. Default (``None``): ``False``, except
+            ``True`` with ``rebalance="off"``, ``max_batch_size``, ``benchmark_batches`` or
+            ``repeats``, or where re-planning cannot run (an optimizer that is not hvd_balance's, or an epoch that is not a
+            multiple of its ``backward_passes_per_step``).
         benchmark_batches: local batch sizes to time. Default: every rank times ``B / 4N``
             and ``B / 2N`` samples (within the caps); the calibration round corrects the
             extrapolation to larger batches with the first epoch's real steps.
         repeats: timed repeats per batch size (median kept), after one warm-up call
             (default 3); the phase's cost in seconds is ``plan.benchmark_s``.
+            ``benchmark_batches`` and ``repeats`` ask for a benchmark (``benchmark=None``).
         rebalance: ``"epoch"`` (re-plan at every epoch end), ``"off"``, or an int ``K``:
             re-plan every ``K`` steps (``data`` must be built with ``segment_steps``
             dividing ``K``); a plan decided at step ``s`` takes effect at step ``s + K``.
@@ -119,9 +131,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def __init__(self, data: BalancedData, plan: Union[Plan, dict, str, None] = None, *,
                  validation_data: Optional[BalancedData] = None, method: str = "minmax",
-                 max_batch_size=None, min_batch_size=None, benchmark: bool = True,
+                 max_batch_size=None, min_batch_size=None, benchmark: Optional[bool] = None,
                  benchmark_batches: Optional[Sequence[int]] = None,
-                 repeats: int = BENCHMARK_REPEATS, rebalance: Union[str, int, None] = None,
+                 repeats: Optional[int] = None, rebalance: Union[str, int, None] = None,
                  threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1):
         super().__init__()
@@ -139,13 +151,15 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 f"rebalance={rebalance} steps needs a data set whose plan can change every "
                 f"{rebalance} steps: build BalancedData with segment_steps dividing {rebalance} "
                 f"(it has segment_steps={data.segment_steps})")
-        if not benchmark and rebalance == "off":
+        if benchmark is False and rebalance == "off":
             raise ValueError("benchmark=False starts from equal batches and needs rebalance "
                              "('epoch' or a number of steps) to balance them; got rebalance='off'")
-        if not benchmark and max_batch_size is not None:
+        if benchmark is False and max_batch_size is not None:
             raise ValueError(f"benchmark=False takes no max_batch_size (got {max_batch_size!r}): "
                              "give a plan with max_batch_sizes, or benchmark")
         self.data = data
+        # None: decided on train begin (_default_benchmark), when the optimizer is known.
+        self.benchmark_given = benchmark
         self.benchmark = bool(benchmark)
         self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
         self.validation_data = validation_data
@@ -155,7 +169,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.max_batch_size = max_batch_size
         self.min_batch_size = min_batch_size
         self.benchmark_batches = benchmark_batches
-        self.repeats = repeats
+        self.repeats = BENCHMARK_REPEATS if repeats is None else repeats
+        self._benchmark_options = benchmark_batches is not None or repeats is not None
         self.rebalance = "epoch" if rebalance is None else rebalance
         self.threshold = threshold
         self.save_plan = save_plan
@@ -163,6 +178,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.plan: Optional[Plan] = None
         self.history: List[dict] = []
         self._last: List[Dict[str, float]] = []
+        self._calibration_at: Optional[int] = None  # the step the first real steps' plan starts
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
@@ -182,17 +198,30 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     "gradient would mix two plans' batches under one weight; choose a data "
                     "size and global batch giving a multiple of it, or rebalance='off'")
 
+    def _can_replan(self) -> bool:
+        """Whether re-planning can run: it needs the telemetry of hvd_balance's optimizer,
+        and an epoch of whole aggregated gradients (a plan changes between them only)."""
+        optimizer = self.model.optimizer
+        return (telemetry_of(optimizer) is not None
+                and len(self.data) % backward_passes_of(optimizer) == 0)
+
+    def _default_benchmark(self) -> bool:
+        """``benchmark=None``: no benchmark phase (the first real steps make the plan) where
+        re-planning can run; a benchmark where the plan must be right from the start
+        (``rebalance="off"``, memory caps, no re-planning possible) or was asked for through
+        its options (``benchmark_batches``, ``repeats``)."""
+        return (self.rebalance_given == "off" or self.max_batch_size is not None
+                or self._benchmark_options or not self._can_replan())
+
     def _default_rebalance(self) -> str:
         """``rebalance=None``: ``"epoch"``, or ``"off"`` where re-planning would change what
         the user chose (a given plan), cannot run (no telemetry: not hvd_balance's optimizer)
         or would mix two plans in one aggregated gradient."""
+        if self.given_plan is not None:
+            return "off"
         if not self.benchmark:
             return "epoch"  # equal batches need re-planning; an error below if impossible
-        optimizer = self.model.optimizer
-        if (self.given_plan is not None or telemetry_of(optimizer) is None
-                or len(self.data) % backward_passes_of(optimizer)):
-            return "off"
-        return "epoch"
+        return "epoch" if self._can_replan() else "off"
 
     # -- train begin: the first plan ------------------------------------------------------
     def on_train_begin(self, logs=None):
@@ -207,6 +236,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         if isinstance(self.rebalance, int) and self.rebalance % spe:
             raise ValueError(f"rebalance={self.rebalance} must be a multiple of the model's "
                              f"steps_per_execution={spe}: Keras calls the batch hooks once per execution")
+        if self.benchmark_given is None:
+            self.benchmark = self.given_plan is None and self._default_benchmark()
         if self.rebalance_given is None:
             self.rebalance = self._default_rebalance()
         self._check_gradient_aggregation()
@@ -232,11 +263,23 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             plan = collective.all_ok(lambda: plan.with_floors(self.min_batch_size),
                                      name="hvd_balance.min_batch_size")
         self._apply(plan)
-        # What re-planning learns; its first round is the calibration after a benchmark.
+        # Equal batches (no benchmark): the first plan is made from the first real steps, in
+        # the hook after them; the pipeline waits there for it instead of running ahead.
+        self._calibration_at = None
+        if self.given_plan is None and not self.benchmark:
+            every = spe * backward_passes_of(self.model.optimizer)
+            at = calibration_step(len(data), every)
+            if at is not None and not (isinstance(self.rebalance, int) and at >= self.rebalance):
+                data.hold_at(at)
+                self._calibration_at = at
+        # What re-planning learns; its first round is the calibration (after a benchmark, or
+        # from the first real steps of equal batches).
         self._rounds = Rounds(self.threshold, self.method, calibrating=self.given_plan is None,
                               paper=paper_plan(plan))
         if self.verbose and collective.rank() == 0:
-            print(plan.table(), file=sys.stdout, flush=True)
+            print(plan.table() if self._calibration_at is None else
+                  f"hvd_balance: equal batches for the first {self._calibration_at} steps, "
+                  "then a plan made from their step times", file=sys.stdout, flush=True)
         if collective.rank() == 0:
             small_batch_check.warn_small_batches(self.model, plan)
         telemetry = telemetry_of(self.model.optimizer)
@@ -295,7 +338,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._last = collective.allgather_object(mine, name="hvd_balance.keras.telemetry")
         return self._last
 
-    def _replan(self, window, step: int) -> None:
+    def _replan(self, window, step: int, first_steps: bool = False) -> None:
+        """One re-planning round on ``window``, the plan it decides in force from ``step``
+        (``first_steps``: the round on the first real steps of equal batches, whose every
+        timed step counts and whose plan is printed as a table)."""
+        min_samples = self._calibration_at - 1 if first_steps else MIN_SAMPLES
         busy = [w["busy_s"] for w in window]
         steps = [w["step_s"] for w in window if w["step_s"] is not None]
         step_s = float(np.median(steps)) if len(steps) == len(window) else None
@@ -307,7 +354,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                   "step_ms": None if step_s is None else 1e3 * step_s}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
-            if self.rebalance != "off" and min(w["busy_n"] for w in window) >= MIN_SAMPLES:
+            if self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples:
                 threshold = round_threshold(self.threshold, self._rounds.calibrating)
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
@@ -321,7 +368,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                               threshold=threshold,
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
-                if decision.changed and self.verbose and collective.rank() == 0:
+                if first_steps and collective.rank() == 0:  # the first plan of unequal batches
+                    small_batch_check.warn_small_batches(self.model, decision.plan)
+                if decision.changed and self.verbose and collective.rank() == 0 and first_steps:
+                    print(decision.plan.table(), file=sys.stdout, flush=True)
+                elif decision.changed and self.verbose and collective.rank() == 0:
                     what = (f"restored the plan before, which measured a "
                             f"{100 * decision.gain:.1f}% shorter step" if decision.reverted else
                             "communication-bound step: trying the paper's proportional plan"
@@ -346,6 +397,12 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._in_force(plan)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._calibration_at is not None and batch + 1 >= self._calibration_at:
+            try:  # every timed step of the window counts (the first step is never timed)
+                self._replan(self._gather_window(), self._calibration_at, first_steps=True)
+            finally:
+                self._calibration_at = None
+                self.data.release()  # the pipeline goes on, under the new plan if one was set
         k = self.rebalance
         if not isinstance(k, int) or (batch + 1) % k:
             return
@@ -355,6 +412,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._pending.clear()
+        self._calibration_at = None
+        self.data.release()
         self.data.set_epoch(self.data.epoch + 1)  # never repeat a permutation, even across fits
         window = self._gather_window()
         self._replan(window, 0)
@@ -370,4 +429,5 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._stop_epoch_end(epoch)
 
     def on_train_end(self, logs=None):
+        self.data.release()
         self._stop_train_end()

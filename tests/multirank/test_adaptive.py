@@ -8,6 +8,7 @@ one of the two runs.
 import numpy as np
 import pytest
 
+from hvd_balance.core.replan import calibration_step
 from support import run_ranks
 
 SCRIPT = "tests/rank_scripts/drift_fit.py"
@@ -89,15 +90,18 @@ def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
 
 @pytest.mark.timeout(420)
 def test_without_a_benchmark_the_telemetry_finds_the_balance():
-    # 16 steps an epoch; windows of k = 6 steps; a plan decided after step 6 applies from 12
+    # 16 steps an epoch; windows of k = 6 steps; the plan made from the first 4 steps applies
+    # from step 4 (calibration_step), a plan decided after step 6 from 12
     epochs, k = 3, 6
 
     def problems(per_rank):
         plans, history = per_rank[0]["plans"], per_rank[0]["history"]
         if plans[0][0] != [128, 128]:
             return f"did not start from equal batches: {plans[0][0]}"
-        if not history or not history[0]["changed"] or history[0]["step"] != 2 * k:
-            return f"the first window did not re-plan: {history}"
+        if not history or not history[0]["changed"] or history[0]["step"] != calibration_step(16):
+            return f"the first steps did not re-plan: {history}"
+        if plans[0][calibration_step(16)] != history[0]["batch_sizes"]:
+            return f"the first steps' plan did not apply from step 4: {plans[0]}"
         last = plans[-1][-1]
         if not last[0] > last[1]:
             return f"the slowed rank 1 does not have the smaller batch at the end: {last}"

@@ -154,3 +154,36 @@ def test_by_default_the_first_epoch_calibrates_the_plan_with_the_real_input_cost
     assert calibration["batch_sizes"][1] < 0.75 * first[1], (first, calibration)
     # The next round is an ordinary one, with the hysteresis threshold.
     assert results[0]["history"][1]["threshold"] == DEFAULT_THRESHOLD
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_execution, at", [(1, 4), (3, 6)])
+def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_lost(per_execution, at):
+    """No benchmark: ``at`` steps of equal batches (4, or the next multiple of the steps per
+    execution, since Keras calls the hooks once an execution), then the plan from their busy
+    times (rank 1 is 4x slower a sample) from step ``at`` on, on both ranks: the batches each
+    rank computed and its gradient weight change at that step together, and no sample is seen
+    twice or left out."""
+    run = run_ranks("tests/rank_scripts/first_steps_fit.py", np=2, timeout=240,
+                    args=[str(per_execution)])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    r0, r1 = results[0], results[1]
+    assert r0["benchmark"] is False and r0["benchmark_s"] == 0.0
+    assert r0["history"] == r1["history"]
+    first = r0["history"][0]
+    assert (first["epoch"], first["step"], first["changed"]) == (0, at, True)
+    assert first["threshold"] == CALIBRATION_THRESHOLD
+    b0, b1 = first["batch_sizes"]
+    assert b0 + b1 == 128 and b1 < 0.45 * 64, first  # proportional to 1 : 4 would give 26
+    for rank, mine in ((0, b0), (1, b1)):
+        batches, weights = results[rank]["batches"][0], results[rank]["weights"][0]
+        assert batches == [64] * at + [mine] * (10 - at), batches
+        if per_execution == 1:  # the hooks run once an execution
+            assert weights == pytest.approx([0.5] * at + [mine / 128] * (10 - at)), weights
+    for epoch in range(2):
+        seen = r0["indices"][epoch] + r1["indices"][epoch]
+        assert len(seen) == 10 * 128 == len(set(seen))
+        for rank in (0, 1):  # the samples each rank's batches held are its shard's
+            assert len(results[rank]["indices"][epoch]) == sum(results[rank]["batches"][epoch])
+    assert r0["pipeline_matches_indices"] and r1["pipeline_matches_indices"]

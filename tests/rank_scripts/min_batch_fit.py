@@ -3,8 +3,10 @@ with ``LoadBalancer(min_batch_size=16)``, reporting the plans, the re-plans and 
 
 Usage: horovodrun -np 2 python min_batch_fit.py
 Rank 1 sleeps 4 ms a sample in every step (a slow device), so a plan gives it a few samples.
-Emits per rank {"rank", "free": {...}, "floored": {...}}, each with the plan (a dict), the
-re-planning history's batch sizes, the local batch and the SmallBatchWarning texts seen.
+Emits per rank {"rank", "free": {...}, "floored": {...}, "first_steps": {...}}, each with the
+plan (a dict), the re-planning history's batch sizes, the local batch and the SmallBatchWarning
+texts seen. "free" and "floored" benchmark first (``benchmark_batches``); "first_steps" is the
+default start, equal batches for 4 steps and a plan made from them.
 """
 import time
 import warnings
@@ -43,7 +45,7 @@ x = rng.normal(size=(640, 8)).astype("float32")
 y = (x[:, 0] > 0).astype("int32")
 
 
-def fit(**balancer):
+def fit(benchmark_batches=(8, 16), **balancer):
     data = hvd_balance.BalancedData(x, y, global_batch_size=64, seed=0)
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential([tf.keras.Input((8,)), Slow(), tf.keras.layers.Dense(16),
@@ -51,8 +53,9 @@ def fit(**balancer):
                                  tf.keras.layers.Dense(2)])
     model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.05)),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    cb = hvd_balance.LoadBalancer(data, rebalance="epoch", verbose=0, benchmark_batches=[8, 16],
-                                  **balancer)
+    if benchmark_batches:  # asks for a benchmark phase
+        balancer["benchmark_batches"] = list(benchmark_batches)
+    cb = hvd_balance.LoadBalancer(data, rebalance="epoch", verbose=0, **balancer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(data, epochs=2, verbose=0,
@@ -62,4 +65,6 @@ def fit(**balancer):
             "warnings": [str(w.message) for w in caught if issubclass(w.category, SmallBatchWarning)]}
 
 
-emit({"rank": rank, "free": fit(), "floored": fit(min_batch_size=16)})
+emit({"rank": rank, "free": fit(), "floored": fit(min_batch_size=16),
+      # the default start: no benchmark, the first plan made from the first real steps
+      "first_steps": fit(benchmark_batches=None)})

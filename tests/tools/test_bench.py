@@ -94,6 +94,27 @@ def test_summary_holds_every_figure_per_strategy():
     assert figures.targets(summary, [1.0, 0.25], [0, 0])["speedup_over_uniform>=2.0"]["met"]
 
 
+def test_a_start_from_equal_batches_is_charged_its_first_steps():
+    """No benchmark phase: the start's cost is the first steps' excess over the plan they
+    found (figures.calibration_cost), and it counts in the benchmark share."""
+    ranks = [{"rank": i, "local_batch": 64, "epoch_s": [4.0, 2.0],
+              # step 0 traces (3 s); steps 1-3 at 0.5 s; step 4 waits for its batch
+              "busy_s": [[2.9, 0.4, 0.4, 0.4, 0.25] + [0.15] * 5, [0.15] * 10],
+              "wait_s": [[0.1, 0.1, 0.1, 0.1, 0.05] + [0.05] * 5, [0.05] * 10],
+              "loss": [2.0, 1.5]} for i in range(2)]
+    result = {"strategy": "balanced", "local_batches": [100, 28], "steps_per_epoch": 10,
+              "benchmark_phase_s": 0.01, "final_loss": 1.5, "ranks": ranks,
+              "replans": [{"epoch": 0, "step": 4, "changed": True},
+                          {"epoch": 0, "step": 0, "changed": False}]}
+    s = figures.summarize_job(result)
+    assert s["calibration_cost_s"] == pytest.approx(4 * (0.5 - 0.2) + (0.3 - 0.2))
+    assert s["start_cost_s"] == pytest.approx(0.01 + 1.3)
+    assert s["benchmark_share"] == pytest.approx(1.31 / (0.01 + 6.0))
+    # A benchmark (its first round at an epoch's end) is charged its phase alone.
+    result["replans"] = result["replans"][1:]
+    assert figures.summarize_job(result)["start_cost_s"] == pytest.approx(0.01)
+
+
 def test_accuracy_is_a_column_of_the_summary_and_its_table():
     jobs = [_fake_job(name, rep, [64, 64], busy=[0.1, 0.1], wait=[0.01, 0.01], epoch_s=[1.0, 1.0])
             for rep in range(3) for name in settings.STRATEGIES]

@@ -68,7 +68,10 @@ all of them for a one-epoch run); per strategy it reports the median over repeti
   (what the step-to-step jitter alone leaves to a perfect plan);
 - ``benchmark_phase_s``: the LoadBalancer's benchmark phase (measuring, gathering,
   planning, broadcasting), from the last rank entering it to the last leaving it;
-  ``benchmark_share`` of the job (phase + epochs), and ``benchmark_share_5_epochs`` of a
+  ``calibration_cost_s``: what the default's start from equal batches cost instead (its
+  first steps' longer step times against the plan they found, :func:`figures.calibration_cost`);
+  ``start_cost_s``, their sum: what finding the first plan cost; ``benchmark_share``, the
+  start cost's share of the job (phase + epochs), and ``benchmark_share_5_epochs`` of a
   5-epoch run (the job's first epoch plus 4 steady ones);
 - ``gap``: where a strategy's step goes against the ideal one (busy, imbalance, allreduce,
   work between epochs), and ``fixed_cost_limit``: the best step if each rank's busy time is a

@@ -174,7 +174,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
                 print(f"  rep {rep} {strategy:12s} batches {s['local_batches']}  epoch "
                       f"{s['steady_epoch_s']:.3f} s  acc {_fmt_acc(s.get('accuracy'))}  busy {_fmt_list(s['busy_s'], 1e3)} ms  wait "
                       f"{_fmt_list(s['wait_s'], 1e3)} ms  eff {s['efficiency']:.3f}  bench "
-                      f"{s['benchmark_phase_s']:.2f} s  others {_fmt_cores(info['others_cores'])}",
+                      f"{s['start_cost_s']:.2f} s  others {_fmt_cores(info['others_cores'])}",
                       flush=True)
             else:
                 failed += 1
@@ -241,7 +241,7 @@ def _fmt_cores(value) -> str:
 def format_summary(report: Dict[str, Any]) -> str:
     """A plain-text table of the summary (also what BENCHMARKS.md tables are made from)."""
     lines = ["strategy      local batches         epoch s  speedup  of ideal  accuracy  busy ms/step (per rank)"
-             "          wait ms/step (per rank)          eff.   bench s  share  5-epoch s  busy/predicted"]
+             "          wait ms/step (per rank)          eff.   start s  share  5-epoch s  busy/predicted"]
     for name, s in report["strategies"].items():
         if not s:
             lines.append(f"{name:12s}  (no successful job)")
@@ -252,7 +252,7 @@ def format_summary(report: Dict[str, Any]) -> str:
             f"{s.get('speedup', float('nan')):6.2f}x  {s.get('fraction_of_ideal', float('nan')):7.3f}  "
             f"{_fmt_acc(s.get('accuracy')):>8s}  "
             f"{_fmt_list(s['busy_s'], 1e3):30s}  {_fmt_list(s['wait_s'], 1e3):30s}  "
-            f"{s['efficiency']:.3f}  {s['benchmark_phase_s']:6.2f}  {s['benchmark_share']:.3f}  "
+            f"{s['efficiency']:.3f}  {s['start_cost_s']:6.2f}  {s['benchmark_share']:.3f}  "
             f"{s.get('run_5_epochs_s') or float('nan'):9.2f}  "
             f"{'-' if ratio is None else _fmt_list(ratio, 1, '{:.2f}')}")
     ideal = report.get("ideal")

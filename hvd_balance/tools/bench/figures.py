@@ -78,6 +78,36 @@ def fixed_cost_limit(points: Sequence[Sequence[Sequence[float]]], global_batch: 
     return {"fixed_s": fixed, "per_sample_s": slope, "limit_step_s": limit}
 
 
+def calibration_cost(step_s: Sequence[float], at: Optional[int]) -> float:
+    """Seconds a start from equal batches cost against running, from the first step, the plan
+    it found at step ``at`` (the LoadBalancer's default: no benchmark phase).
+
+    ``at * (pre - post) + max(0, step_s[at] - post)``: ``pre`` is the median step over steps
+    ``1 .. at-1`` (step 0 also traces the step, which any start pays), ``post`` the median over
+    the steps after ``at``, and step ``at`` itself waited for its batch to be made under the
+    new plan. 0 when ``at`` is ``None`` (a benchmark or a given plan) or too close to the end.
+
+    Args:
+        step_s: the epoch's step times, seconds per step (rank 0's busy + wait).
+        at: the step from which the plan made from the first steps ran.
+
+    Example:
+        >>> round(calibration_cost([3.0, 0.5, 0.5, 0.5, 0.3, 0.2, 0.2, 0.2], 4), 6)
+        1.3
+    """
+    if at is None or not 1 < at < len(step_s) - 1:
+        return 0.0
+    pre, post = statistics.median(step_s[1:at]), statistics.median(step_s[at + 1:])
+    return at * max(0.0, pre - post) + max(0.0, step_s[at] - post)
+
+
+def first_steps_plan_at(replans: Sequence[Dict[str, Any]]) -> Optional[int]:
+    """The step of the first epoch from which the plan made from the first real steps ran
+    (the LoadBalancer's first round, when it came mid-epoch), or ``None``."""
+    first = replans[0] if replans else None
+    return int(first["step"]) if first and first["epoch"] == 0 and first["step"] > 0 else None
+
+
 def steady_epochs(num_epochs: int) -> List[int]:
     """The epochs whose figures count: 2nd and later (the 1st traces the step), or the only one."""
     return list(range(1, num_epochs)) if num_epochs > 1 else [0]
@@ -96,12 +126,16 @@ def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
     top = max(med) if med and all(m for m in med) else None
     jitter_eff = step_efficiency([[t * top / m for t in b] for b, m in zip(busy, med)]) if top else []
     epoch_s = ranks[0]["epoch_s"]
-    bench_s = result.get("benchmark_phase_s") or 0.0
-    run_s = bench_s + sum(epoch_s)
+    phase_s = result.get("benchmark_phase_s") or 0.0
+    first_steps = [b + w for b, w in zip(ranks[0]["busy_s"][0], ranks[0]["wait_s"][0])]
+    calibration_s = calibration_cost(first_steps, first_steps_plan_at(result.get("replans") or []))
+    # What finding the first plan cost: the benchmark phase, or the first steps' imbalance.
+    bench_s = phase_s + calibration_s
+    run_s = phase_s + sum(epoch_s)
     steady = _median([epoch_s[e] for e in epochs])
     busy_med = [_median(b) for b in busy]
     # What the same job would take over 5 epochs: its first epoch plus 4 steady ones.
-    run5_s = bench_s + epoch_s[0] + 4 * steady
+    run5_s = phase_s + epoch_s[0] + 4 * steady
     predicted = result.get("plan", {}).get("predicted_step_s") or []
     return {
         "local_batches": result["local_batches"],
@@ -115,7 +149,9 @@ def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
         "efficiency_ceiling": _median(jitter_eff),
         "efficiency_total": (sum(sum(s) / len(s) for s in zip(*busy)) /
                              sum(max(s) for s in zip(*busy))) if eff else None,
-        "benchmark_phase_s": bench_s,
+        "benchmark_phase_s": phase_s,
+        "calibration_cost_s": calibration_s,
+        "start_cost_s": bench_s,
         "benchmark_measure_s": result.get("benchmark_measure_s"),
         "benchmark_share": bench_s / run_s if run_s > 0 else None,
         "benchmark_share_5_epochs": bench_s / run5_s if run5_s > 0 else None,
@@ -160,6 +196,8 @@ def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batc
             "efficiency_ceiling": _median([r.get("efficiency_ceiling") for r in runs]),
             "efficiency_total": _median([r["efficiency_total"] for r in runs]),
             "benchmark_phase_s": _median([r["benchmark_phase_s"] for r in runs]),
+            "calibration_cost_s": _median([r.get("calibration_cost_s", 0.0) for r in runs]),
+            "start_cost_s": _median([r.get("start_cost_s", r["benchmark_phase_s"]) for r in runs]),
             "benchmark_share": _median([r["benchmark_share"] for r in runs]),
             "benchmark_share_5_epochs": _median([r["benchmark_share_5_epochs"] for r in runs]),
             "run_s": _median([r["run_s"] for r in runs]),

@@ -6,13 +6,14 @@ from ...core.replan import MIN_SAMPLES
 
 # uniform: plain Horovod, equal batches; proportional: the paper's rule from the benchmark,
 # kept (LoadBalancer(method="proportional", rebalance="off")); balanced: LoadBalancer(data)
-# with every default (the minmax plan, calibrated by the first epoch's real steps and
-# re-planned at epoch ends).
+# with every default (no benchmark phase: equal batches for the first 4 steps, then the
+# plan from their busy times, re-planned at epoch ends).
 STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this order
 # On request: "static", the minmax plan from the benchmark alone, never re-planned
-# (LoadBalancer(rebalance="off"), the default before calibration); "adaptive", explicitly
-# LoadBalancer(rebalance="epoch") (today's default, kept for old commands); "telemetry", no
-# benchmark, equal batches first, re-planned every K steps (benchmark=False, rebalance=K).
+# (LoadBalancer(rebalance="off")); "adaptive", LoadBalancer(benchmark=True,
+# rebalance="epoch") (the default before the first-steps start, kept for old commands);
+# "telemetry", no benchmark, equal batches first, re-planned every K steps
+# (benchmark=False, rebalance=K).
 ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry")
 METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "static": "minmax",
              "adaptive": "minmax", "telemetry": "minmax"}

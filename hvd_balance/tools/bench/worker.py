@@ -232,8 +232,10 @@ def run_worker(args) -> int:
         balancer = hvd_balance.LoadBalancer(
             data, method=METHOD_OF[args.strategy], verbose=0,
             benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
-            benchmark=args.strategy != "telemetry",
-            # balanced is LoadBalancer(data) as a user writes it: the default re-planning
+            # balanced is LoadBalancer(data) as a user writes it: no benchmark phase (the
+            # first real steps make the plan) and the default re-planning; adaptive is the
+            # default before that (a benchmark, then re-planning at epoch ends)
+            benchmark={"telemetry": False, "adaptive": True}.get(args.strategy),
             rebalance={"adaptive": "epoch", "telemetry": window, "proportional": "off",
                        "static": "off"}.get(args.strategy),
             **({"repeats": args.benchmark_repeats} if args.benchmark_repeats else {}))
