@@ -52,10 +52,13 @@ DEFAULT_THRESHOLD = 0.08
 MIN_SAMPLES = 5
 # Without a benchmark, training starts from equal batches and the first plan is made from
 # the busy times of the first real steps: this many, the first of which (it traces the step)
-# the telemetry leaves out, so 3 are timed and their median survives one hiccup. Each costs
-# the fast ranks a wait for the slowest (on the 1.0/0.25 pair about 1.5 balanced steps), so
-# they are few: the next window (the rest of the epoch) refines the plan.
-CALIBRATION_STEPS = 4
+# the telemetry leaves out, so 2 are timed. Each costs the fast ranks a wait for the slowest
+# (on the 1.0/0.25 pair about 1.3 balanced steps, BENCHMARKS.md), so they are few: the next
+# window (the rest of the epoch) refines the plan, and its round changes a plan more than 8 %
+# off. On that pair (3 runs at 4 steps) the first 3 timed steps of a rank were within 18 % of
+# each other, the median of 3 within 1-3 % of the mean of the first 2, and a third step cost
+# 0.3 s, 0.6 % of a 5-epoch run of 9 s epochs.
+CALIBRATION_STEPS = 3
 
 
 def calibration_step(steps_per_epoch: int, every: int = 1,
@@ -65,8 +68,8 @@ def calibration_step(steps_per_epoch: int, every: int = 1,
     or ``None`` when that leaves fewer than ``first`` steps of the epoch (the epoch's end
     comes soon enough).
 
-    >>> calibration_step(50), calibration_step(50, every=3), calibration_step(6)
-    (4, 6, None)
+    >>> calibration_step(50), calibration_step(50, every=2), calibration_step(5)
+    (3, 4, None)
     """
     step = -(-int(first) // int(every)) * int(every)
     return step if step + int(first) <= int(steps_per_epoch) else None

@@ -3,6 +3,7 @@ benchmark), applies a balanced plan, and re-plans when the measured speeds drift
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     """Give every rank a local batch sized to its speed, so all ranks finish each step together.
 
     By default there is no benchmark phase: training starts from equal batches, and after the
-    first ``CALIBRATION_STEPS`` (4) real steps every rank's measured busy time per step is
+    first ``CALIBRATION_STEPS`` (3) real steps every rank's measured busy time per step is
     gathered and every rank adopts a plan with batches proportional to the measured speeds
     (the paper's rule, on the real step: input pipeline and Keras's per-step work included),
     from the next step on; the input pipeline waits for it there. With ``benchmark=True``
@@ -80,18 +81,19 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             otherwise). With a given ``plan`` (or ``benchmark=False``'s equal start) the
             plan's batches must meet it. Without it, rank 0 warns
             (:class:`~hvd_balance.keras.small_batch_check.SmallBatchWarning`) when the first
-            plan is applied (train begin, or the first steps' plan) and the model has unsynchronized ``BatchNormalization`` and a rank's batch is
-            below 16 samples.
+            plan is applied (train begin, or the first steps' plan) and the model has
+            unsynchronized ``BatchNormalization`` and a rank's batch is below 16 samples.
         benchmark: ``False`` skips the benchmark phase: training starts from equal batches and
             re-planning (``rebalance``, required then) finds the balance from the telemetry of
-            the real steps: proportional after the first 4 steps (or, with ``rebalance=K``, the
+            the real steps: proportional after the first 3 steps (or, with ``rebalance=K``, the
             first window, if shorter), then the line through two windows, which also sees
-            fixed per-step costs. Costs 4 steps of equal batches instead of a benchmark
+            fixed per-step costs. Costs 3 steps of equal batches instead of a benchmark
             phase; no memory caps (give a ``plan`` with them instead). ``True`` times every
             rank's step before the first epoch. Default (``None``): ``False``, except
             ``True`` with ``rebalance="off"``, ``max_batch_size``, ``benchmark_batches`` or
-            ``repeats``, or where re-planning cannot run (an optimizer that is not hvd_balance's, or an epoch that is not a
-            multiple of its ``backward_passes_per_step``).
+            ``repeats``, or where re-planning cannot run (an optimizer that is not
+            hvd_balance's, or an epoch that is not a multiple of its
+            ``backward_passes_per_step``).
         benchmark_batches: local batch sizes to time. Default: every rank times ``B / 4N``
             and ``B / 2N`` samples (within the caps); the calibration round corrects the
             extrapolation to larger batches with the first epoch's real steps.
@@ -363,6 +365,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 decision, self._rounds = collective.agree(
                     lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise),
                     name="hvd_balance.rebalance")
+                if first_steps and not decision.changed:
+                    # Two timed steps can be too noisy to move from equal batches; then the
+                    # first full window is the calibration (at the calibration's threshold).
+                    self._rounds = dataclasses.replace(self._rounds, calibrating=True)
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,
                               threshold=threshold,
@@ -370,8 +376,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 self._apply(decision.plan, step)
                 if first_steps and collective.rank() == 0:  # the first plan of unequal batches
                     small_batch_check.warn_small_batches(self.model, decision.plan)
-                if decision.changed and self.verbose and collective.rank() == 0 and first_steps:
-                    print(decision.plan.table(), file=sys.stdout, flush=True)
+                    if decision.changed and self.verbose:
+                        print(decision.plan.table(), file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
                     what = (f"restored the plan before, which measured a "
                             f"{100 * decision.gain:.1f}% shorter step" if decision.reverted else

@@ -90,8 +90,8 @@ def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
 
 @pytest.mark.timeout(420)
 def test_without_a_benchmark_the_telemetry_finds_the_balance():
-    # 16 steps an epoch; windows of k = 6 steps; the plan made from the first 4 steps applies
-    # from step 4 (calibration_step), a plan decided after step 6 from 12
+    # 16 steps an epoch; windows of k = 6 steps; the plan made from the first 3 steps applies
+    # from step 3 (calibration_step), a plan decided after step 6 from 12
     epochs, k = 3, 6
 
     def problems(per_rank):
@@ -101,7 +101,7 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
         if not history or not history[0]["changed"] or history[0]["step"] != calibration_step(16):
             return f"the first steps did not re-plan: {history}"
         if plans[0][calibration_step(16)] != history[0]["batch_sizes"]:
-            return f"the first steps' plan did not apply from step 4: {plans[0]}"
+            return f"the first steps' plan did not apply from step 3: {plans[0]}"
         last = plans[-1][-1]
         if not last[0] > last[1]:
             return f"the slowed rank 1 does not have the smaller batch at the end: {last}"

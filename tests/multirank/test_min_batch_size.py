@@ -31,7 +31,7 @@ def test_the_floor_holds_on_a_slow_rank_and_the_warning_names_the_layer():
     assert res[1]["floored"]["local_batch"] == 16
     assert floored["history"] and all(b[1] >= 16 for b in floored["history"])
     assert floored["warnings"] == [] and res[1]["floored"]["warnings"] == []
-    # Without a benchmark the first plan comes after 4 equal steps, and the warning with it.
+    # Without a benchmark the first plan comes after 3 equal steps, and the warning with it.
     first = res[0]["first_steps"]
     assert first["history"][0][1] < 16, first["history"]
     assert len(first["warnings"]) == 1 and res[1]["first_steps"]["warnings"] == []

@@ -1,9 +1,9 @@
-"""The default LoadBalancer sees what the benchmark cannot: a rank whose input pipeline is slow.
+"""The default LoadBalancer sees what a benchmark cannot: a rank whose input pipeline is slow.
 
 Usage: horovodrun -np 2 python input_cost_fit.py DELAY_MS
 Both ranks compute 1 ms a sample; rank 1 also decodes every sample ``DELAY_MS`` milliseconds
-longer (its ``load_fn`` sleeps), so its real steps are slow while the benchmark, which times
-the step on one batch already loaded, sees two equal ranks. ``LoadBalancer(data)`` with every default; emits per rank
+longer (its ``load_fn`` sleeps), so its real steps are slow while a benchmark, which times
+the step on one batch already loaded, would see two equal ranks. ``LoadBalancer(data)`` with every default; emits per rank
 {"rank", "rebalance", "history", "first_plan", "plan"}.
 """
 import sys

@@ -6,7 +6,7 @@ Rank 1 sleeps 4 ms a sample in every step (a slow device), so a plan gives it a 
 Emits per rank {"rank", "free": {...}, "floored": {...}, "first_steps": {...}}, each with the
 plan (a dict), the re-planning history's batch sizes, the local batch and the SmallBatchWarning
 texts seen. "free" and "floored" benchmark first (``benchmark_batches``); "first_steps" is the
-default start, equal batches for 4 steps and a plan made from them.
+default start, equal batches for 3 steps and a plan made from them.
 """
 import time
 import warnings

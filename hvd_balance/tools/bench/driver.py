@@ -331,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=None, help="per-job JSON and logs (default: beside --out)")
     p.add_argument("--job-timeout", type=float, default=1200.0, help="seconds before a job is stopped")
     p.add_argument("--smoke", action="store_true",
-                   help="a few seconds a job: tiny model, 2 ranks at 1.0,0.5, 1 repetition")
+                   help="a few seconds a job: the CNN, 2 ranks at 1.0,0.5, 1 repetition")
     p.add_argument("--from-json", metavar="REPORT",
                    help="recompute the summary, targets and chart of a report this module wrote "
                         "(its raw per-job figures), write it to --out, run nothing")
