@@ -53,7 +53,7 @@ MIN_SAMPLES = 5
 # Without a benchmark, training starts from equal batches and the first plan is made from
 # the busy times of the first real steps: this many, the first of which (it traces the step)
 # the telemetry leaves out, so 2 are timed. Each costs the fast ranks a wait for the slowest
-# (on the 1.0/0.25 pair about 1.3 balanced steps, BENCHMARKS.md), so they are few: the next
+# (on the 1.0/0.25 pair 1.3-1.7 balanced steps more, BENCHMARKS.md), so they are few: the next
 # window (the rest of the epoch) refines the plan, and its round changes a plan more than 8 %
 # off. On that pair (3 runs at 4 steps) the first 3 timed steps of a rank were within 18 % of
 # each other, the median of 3 within 1-3 % of the mean of the first 2, and a third step cost

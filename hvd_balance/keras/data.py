@@ -139,7 +139,6 @@ class BalancedData(tf.data.Dataset):
         # Extra segment boundaries where the pipeline waits for the plan (hold_at), per epoch:
         # {epoch: {step: threading.Event set once the plan from that step is known}}.
         self._holds = {}
-        self._started = set()  # epochs whose pipeline has begun (their segments are fixed)
         if prefetch is None and segment_steps:
             prefetch = max(1, self.segment_steps // 2)
         if self.rank == 0 and self.remainder:
@@ -332,9 +331,6 @@ class BalancedData(tf.data.Dataset):
         step = int(step)
         if not 0 < step < self.steps:
             raise ValueError(f"a hold must be inside the epoch (0 < step < {self.steps}); got {step}")
-        if self.epoch in self._started:
-            raise RuntimeError(f"epoch {self.epoch}'s input pipeline has started: its segments "
-                               "are laid out; hold a step before the epoch's iterator is made")
         self._holds.setdefault(self.epoch, {}).setdefault(step, threading.Event())
 
     def release(self) -> None:
@@ -354,7 +350,6 @@ class BalancedData(tf.data.Dataset):
         if epoch != self.epoch:
             self._schedule.pop(epoch, None)
             self._drop_holds(epoch)
-            self._started.discard(epoch)
         self.epoch = epoch
 
     def _drop_holds(self, epoch: int) -> None:
@@ -461,12 +456,18 @@ class BalancedData(tf.data.Dataset):
         """
         epoch, rank, order = self.epoch, self.rank, self._order(self.epoch)
         self._schedule.setdefault(epoch, {}).setdefault(0, self.plan)  # the record for audits
-        self._started.add(epoch)
         step = start_step
         while step < self.steps:
             first, end = self.segment(step, epoch)
             self._wait_for_plan(epoch, first)
-            yield from self._block(order, first, end, self.plan_at(epoch, first), rank)[step - first:]
+            block = self._block(order, first, end, self.plan_at(epoch, first), rank)
+            for now in range(step, end):
+                if self.segment(now, epoch)[1] != end:  # the other ranks lay it out otherwise
+                    raise RuntimeError(
+                        f"rank {self.rank}: a step of epoch {epoch} was held (hold_at) after this "
+                        f"input pipeline had laid out steps {first}-{end - 1}; hold a step "
+                        "before the epoch's iterator is made")
+                yield block[now - first]
             step = end
 
     def _wait_for_plan(self, epoch: int, step: int) -> None:

@@ -18,7 +18,7 @@ from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
-from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds,
+from ..core.replan import (COMMUNICATION_BOUND, DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds,
                            balance_efficiency, calibration_step, paper_plan, robust_busy,
                            round_threshold)
 
@@ -34,7 +34,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     first ``CALIBRATION_STEPS`` (3) real steps every rank's measured busy time per step is
     gathered and every rank adopts a plan with batches proportional to the measured speeds
     (the paper's rule, on the real step: input pipeline and Keras's per-step work included),
-    from the next step on; the input pipeline waits for it there. With ``benchmark=True``
+    from the next step on; the input pipeline waits for it there. Where those steps are
+    communication-bound (a step 2.5 times the largest busy time or more, which busy times do
+    not predict) it benchmarks there instead, as below. With ``benchmark=True``
     (the default where re-planning cannot run, or with ``rebalance="off"`` or memory caps),
     every rank first times its training step at a few local batch sizes instead, and rank 0
     plans from the curves. Either way (or with a given ``plan``), every rank applies the
@@ -117,7 +119,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            reverted, explored, threshold: the gain that round needed, batch_sizes, busy_ms,
+            reverted, explored, benchmarked: the first steps' round benchmarked instead,
+            threshold: the gain that round needed, batch_sizes, busy_ms,
             busy_rse, step_ms: the window's step time), identical on every rank.
 
     Example:
@@ -349,14 +352,21 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         steps = [w["step_s"] for w in window if w["step_s"] is not None]
         step_s = float(np.median(steps)) if len(steps) == len(window) else None
         record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
-                  "changed": False, "reverted": False, "explored": False, "threshold": None,
+                  "changed": False, "reverted": False, "explored": False, "benchmarked": False,
+                  "threshold": None,
                   "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
                   "busy_rse": [w["busy_rse"] for w in window],
                   "step_ms": None if step_s is None else 1e3 * step_s}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
-            if self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples:
+            if first_steps and step_s is not None and step_s >= COMMUNICATION_BOUND * max(busy):
+                # Busy times do not predict a communication-bound step (replan.py): time the
+                # curves after all, and go on as after a benchmark, the paper's plan to be tried.
+                # (The window is gathered, so every rank takes this branch or none.)
+                plan = self._benchmark_now(step)
+                record.update(changed=True, benchmarked=True, batch_sizes=list(plan.batch_sizes))
+            elif self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples:
                 threshold = round_threshold(self.threshold, self._rounds.calibrating)
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
@@ -388,6 +398,23 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                           f"{decision.efficiency:.3f}, {what}: {list(decision.plan.batch_sizes)}",
                           file=sys.stdout, flush=True)
         self.history.append(record)
+
+    def _benchmark_now(self, step: int) -> Plan:
+        """Benchmark (as ``benchmark=True`` does on train begin) and apply its plan from
+        ``step``; re-planning then goes on as after a benchmark. Returns the plan."""
+        plan = plan_sync.benchmark_and_plan(
+            self.model, self.data, method=self.method, batch_sizes=self.benchmark_batches,
+            repeats=self.repeats, min_batch_size=self.min_batch_size)
+        self._rounds = Rounds(self.threshold, self.method, calibrating=True, paper=paper_plan(plan))
+        self._apply(plan, step)
+        if collective.rank() == 0:
+            small_batch_check.warn_small_batches(self.model, plan)
+            if self.verbose:
+                print(f"hvd_balance: epoch {self._epoch} step {step}: the step is "
+                      "communication-bound, so busy times cannot plan it: benchmarked",
+                      file=sys.stdout, flush=True)
+                print(plan.table(), file=sys.stdout, flush=True)
+        return plan
 
     # -- hooks ----------------------------------------------------------------------------------
     def on_epoch_begin(self, epoch, logs=None):

@@ -1,9 +1,12 @@
 """BalancedData: equal steps, disjoint shards, the remainder, the tf.data pipeline, bad input."""
+import threading
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvd_balance import Plan
+from hvd_balance.keras import data as data_module
 from hvd_balance.keras.data import BalancedData
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.stacks]
@@ -157,6 +160,62 @@ def test_plan_change_off_a_boundary_is_refused():
     v = rank_views(1000, 40, 2, segment_steps=5)[0]
     with pytest.raises(ValueError, match="segment boundary.*got step 7"):
         v.set_plan(Plan.from_batch_sizes([10, 30]), step=7)
+
+
+def test_a_held_step_waits_for_the_plan_and_loses_no_sample():
+    """The default LoadBalancer's start: equal batches, a hold at step 3 of a one-segment epoch;
+    the pipeline stops there until the plan from step 3 is set, then yields it."""
+    views = rank_views(1000, 40, 2, None)  # 25 steps, one segment
+    for v in views:
+        v.hold_at(3)
+    batches, it = [], iter(views[1])
+
+    def take_four():
+        for _ in range(4):
+            batches.append(next(it)[1].numpy())
+
+    got = threading.Thread(target=take_four)
+    got.start()
+    got.join(timeout=3.0)
+    assert got.is_alive() and len(batches) == 3  # waiting before the 4th batch
+    for v in views:
+        v.set_plan(Plan.from_batch_sizes([30, 10]), step=3)
+    got.join(timeout=30.0)
+    assert not got.is_alive() and [len(b) for b in batches] == [20, 20, 20, 10]
+    per_rank = [v.indices(0) for v in views]
+    assert [len(b) for b in per_rank[0]] == [20] * 3 + [30] * 22
+    for c in (3, 25):  # after c steps, exactly the permutation's first c*B were used
+        used = np.concatenate([np.concatenate(p[:c]) for p in per_rank])
+        assert sorted(used.tolist()) == sorted(views[0]._order(0)[:c * 40].tolist())
+    rest = [b[1].numpy() for b in views[1]]  # a new iterator: the recorded plans, no wait
+    assert all(np.array_equal(a, b) for a, b in zip(rest, per_rank[1]))
+
+
+def test_a_released_hold_goes_on_under_the_plan_in_force():
+    v = rank_views(1000, 40, 2, None)[0]
+    v.hold_at(3)
+    v.release()
+    assert [len(b[0]) for b in v] == [20] * 25
+
+
+def test_a_hold_set_after_the_pipeline_laid_out_its_segment_fails_loudly():
+    v = rank_views(1000, 40, 2, None)[0]
+    it = iter(v)
+    next(it)  # steps 0-24 laid out as one segment
+    v.hold_at(3)
+    with pytest.raises(tf.errors.OpError, match="was held .* after this input pipeline"):
+        for _ in range(5):
+            next(it)
+
+
+def test_a_hold_nobody_decides_times_out_naming_the_step(monkeypatch):
+    monkeypatch.setattr(data_module, "HOLD_TIMEOUT_S", 1.0)
+    v = rank_views(1000, 40, 2, None)[0]
+    v.hold_at(3)
+    with pytest.raises(tf.errors.OpError, match="waited 1 s at step 3 of epoch 0"):
+        list(v)
+    with pytest.raises(ValueError, match=r"a hold must be inside the epoch \(0 < step < 25\); got 25"):
+        v.hold_at(25)
 
 
 def test_resume_from_a_boundary_in_another_world_loses_and_repeats_nothing():
