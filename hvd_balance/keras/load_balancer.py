@@ -34,9 +34,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     first ``CALIBRATION_STEPS`` (3) real steps every rank's measured busy time per step is
     gathered and every rank adopts a plan with batches proportional to the measured speeds
     (the paper's rule, on the real step: input pipeline and Keras's per-step work included),
-    from the next step on; the input pipeline waits for it there. Where those steps are
+    from the next step on; the input pipeline waits for it there. At the first window that is
     communication-bound (a step 2.5 times the largest busy time or more, which busy times do
-    not predict) it benchmarks there instead, as below. With ``benchmark=True``
+    not predict), those steps or a later one, it benchmarks there instead, as below, and goes
+    on as after a benchmark. With ``benchmark=True``
     (the default where re-planning cannot run, or with ``rebalance="off"`` or memory caps),
     every rank first times its training step at a few local batch sizes instead, and rank 0
     plans from the curves. Either way (or with a given ``plan``), every rank applies the
@@ -119,7 +120,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            reverted, explored, benchmarked: the first steps' round benchmarked instead,
+            reverted, explored, benchmarked: the round benchmarked instead (the first
+            communication-bound window of a job started from equal batches),
             threshold: the gain that round needed, batch_sizes, busy_ms,
             busy_rse, step_ms: the window's step time), identical on every rank.
 
@@ -184,6 +186,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.history: List[dict] = []
         self._last: List[Dict[str, float]] = []
         self._calibration_at: Optional[int] = None  # the step the first real steps' plan starts
+        self._without_curves = False  # no benchmark yet in a job that started from equal batches
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
@@ -271,6 +274,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         # Equal batches (no benchmark): the first plan is made from the first real steps, in
         # the hook after them; the pipeline waits there for it instead of running ahead.
         self._calibration_at = None
+        # Started from equal batches: the first communication-bound window benchmarks.
+        self._without_curves = self.given_plan is None and not self.benchmark
         if self.given_plan is None and not self.benchmark:
             every = spe * backward_passes_of(self.model.optimizer)
             at = calibration_step(len(data), every)
@@ -360,13 +365,15 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                   "step_ms": None if step_s is None else 1e3 * step_s}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
-            if first_steps and step_s is not None and step_s >= COMMUNICATION_BOUND * max(busy):
+            replanning = self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples
+            if (replanning and self._without_curves and step_s is not None
+                    and step_s >= COMMUNICATION_BOUND * max(busy)):
                 # Busy times do not predict a communication-bound step (replan.py): time the
                 # curves after all, and go on as after a benchmark, the paper's plan to be tried.
                 # (The window is gathered, so every rank takes this branch or none.)
                 plan = self._benchmark_now(step)
                 record.update(changed=True, benchmarked=True, batch_sizes=list(plan.batch_sizes))
-            elif self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples:
+            elif replanning:
                 threshold = round_threshold(self.threshold, self._rounds.calibrating)
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
@@ -405,13 +412,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         plan = plan_sync.benchmark_and_plan(
             self.model, self.data, method=self.method, batch_sizes=self.benchmark_batches,
             repeats=self.repeats, min_batch_size=self.min_batch_size)
+        self._without_curves = False
         self._rounds = Rounds(self.threshold, self.method, calibrating=True, paper=paper_plan(plan))
         self._apply(plan, step)
         if collective.rank() == 0:
             small_batch_check.warn_small_batches(self.model, plan)
             if self.verbose:
                 print(f"hvd_balance: epoch {self._epoch} step {step}: the step is "
-                      "communication-bound, so busy times cannot plan it: benchmarked",
+                      "communication-bound, which busy times cannot plan: benchmarked",
                       file=sys.stdout, flush=True)
                 print(plan.table(), file=sys.stdout, flush=True)
         return plan

@@ -188,3 +188,30 @@ def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_
         for rank in (0, 1):  # the samples each rank's batches held are its shard's
             assert len(results[rank]["indices"][epoch]) == sum(results[rank]["batches"][epoch])
     assert r0["pipeline_matches_indices"] and r1["pipeline_matches_indices"]
+
+
+@pytest.mark.timeout(300)
+def test_a_communication_bound_start_benchmarks_instead():
+    """The first steps' step lasts far more than 2.5x their largest busy time (150 ms in a
+    collective): busy times cannot plan it, so the LoadBalancer benchmarks at step 3 and
+    applies the benchmark's plan from there, on both ranks, no sample lost."""
+    run = run_ranks("tests/rank_scripts/first_steps_fit.py", np=2, timeout=240,
+                    args=["1", "comm"])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    r0, r1 = results[0], results[1]
+    assert r0["history"] == r1["history"]
+    first = r0["history"][0]
+    assert first["benchmarked"] and first["changed"] and first["step"] == 3, first
+    assert first["step_ms"] >= 2.5 * max(first["busy_ms"]), first
+    assert r0["benchmark_s"] > 0  # the plan in force came from a benchmark (or its re-plans)
+    b0, b1 = first["batch_sizes"]
+    assert b0 + b1 == 128 and b1 < b0, first
+    for rank, mine in ((0, b0), (1, b1)):  # between them, the benchmark's own 16 and 32
+        batches = results[rank]["batches"][0]
+        assert batches[:3] == [64] * 3 and batches[-7:] == [mine] * 7, batches
+        assert set(batches[3:-7]) == {16, 32}, batches
+    for epoch in range(2):
+        seen = r0["indices"][epoch] + r1["indices"][epoch]
+        assert len(seen) == 10 * 128 == len(set(seen))
+    assert not any(h["benchmarked"] for h in r0["history"][1:])  # once

@@ -1,14 +1,17 @@
 """The default LoadBalancer: no benchmark, the plan made from the first real steps, mid-epoch.
 
-Usage: horovodrun -np 2 python first_steps_fit.py [STEPS_PER_EXECUTION]
+Usage: horovodrun -np 2 python first_steps_fit.py [STEPS_PER_EXECUTION [comm]]
 Both ranks compute 1 ms a sample; rank 1 3 ms more (a slower device). ``LoadBalancer(data)``
 with every default, 2 epochs of 10 steps, the model compiled with ``steps_per_execution``
-(default 1). Every step, a layer records the local batch the rank
+(default 1). With ``comm``, a tenth of that compute and a layer that waits 150 ms a step in a
+timed collective (as ``SyncBatchNormalization`` waits for the others): a communication-bound
+step. Every step, a layer records the local batch the rank
 really computed. Emits per rank {"rank", "benchmark", "history", "plan", "batches" (per epoch,
 the local batch of each step), "weights" (per epoch, the gradient weight in force at each
 step), "indices" (per epoch, data.indices), "pipeline_matches_indices" (epoch 0 replayed)}.
 """
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -16,6 +19,7 @@ import hvd_balance.keras as hvd
 
 import hvd_balance
 from hvd_balance.keras.optimizer import gradient_weight_of
+from hvd_balance.keras.telemetry import timed_collective
 from _busy import PerSampleBusy
 from _result import emit
 
@@ -44,9 +48,28 @@ class RecordBatch(tf.keras.layers.Layer):
             return tf.identity(inputs)
 
 
+class CollectiveWait(tf.keras.layers.Layer):
+    """In training, 150 ms in a timed collective (counted as wait, not busy)."""
+
+    def call(self, inputs, training=None):
+        if not training:
+            return inputs
+
+        def wait(x):
+            def sleep(v):
+                time.sleep(0.15)
+                return v
+            return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
+
+        return timed_collective(wait, inputs)
+
+
+comm = len(sys.argv) > 2 and sys.argv[2] == "comm"
+scale = 0.1 if comm else 1.0
 tf.keras.utils.set_random_seed(1)
 model = tf.keras.Sequential([tf.keras.Input((10,)), RecordBatch(),
-                             PerSampleBusy(1e-3 if rank == 0 else 4e-3),
+                             *([CollectiveWait()] if comm else []),
+                             PerSampleBusy(scale * (1e-3 if rank == 0 else 4e-3)),
                              tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(2)])
 model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.1)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
