@@ -19,14 +19,15 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
 
 - ``uniform``: plain Horovod: local batch ``B / N`` on every rank, ``hvd.DistributedOptimizer``;
 - ``proportional``: the paper's rule, ``b_i`` proportional to the throughput each rank
-  measures (:class:`hvd_balance.LoadBalancer` with ``method="proportional"``);
-- ``balanced``: ``LoadBalancer(data)`` exactly as a user writes it, every default: the
-  minmax plan from the benchmark, calibrated by the first epoch's real steps and re-planned
-  at epoch ends;
+  measures in the benchmark, kept (:class:`hvd_balance.LoadBalancer` with
+  ``method="proportional", rebalance="off"``);
+- ``balanced``: ``LoadBalancer(data)`` exactly as a user writes it, every default: no
+  benchmark phase, equal batches for 3 steps, then batches proportional to their measured
+  busy times, re-planned at epoch ends (a benchmark at the first communication-bound window);
 - ``static`` (only when asked for): the minmax plan from the benchmark alone, never
   re-planned (``LoadBalancer(rebalance="off")``);
-- ``adaptive`` (only when asked for): ``LoadBalancer(rebalance="epoch")``, the same as
-  ``balanced`` since re-planning is the default (kept for older commands);
+- ``adaptive`` (only when asked for): ``LoadBalancer(benchmark=True, rebalance="epoch")``,
+  the default before the first-steps start (kept for older commands);
 - ``telemetry`` (only when asked for): no benchmark phase; equal batches first, re-planned
   every third of an epoch from the measured busy times (``LoadBalancer(benchmark=False,
   rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's.
