@@ -260,7 +260,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         if self.given_plan is not None:
             plan = plan_sync.resolve_given_plan(self.given_plan, data)
         elif not self.benchmark:
-            plan = Plan.uniform(data.global_batch_size, data.world_size)
+            plan = plan_sync.equal_start(data)
         else:
             plan = plan_sync.benchmark_and_plan(
                 self.model, data, method=self.method, max_batch_size=self.max_batch_size,
@@ -378,6 +378,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
                 noise = [w["busy_rse"] for w in window]
+                if first_steps:
+                    # Two timed steps: a fast rank's few milliseconds can vary by half, which
+                    # says nothing of a step the slow ranks set; weigh each rank's error by its
+                    # share of the longest busy time.
+                    noise = [e * b / max(busy) for e, b in zip(noise, busy)]
                 pooled_noise = [w["pooled_busy_rse"] for w in window]
                 decision, self._rounds = collective.agree(
                     lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise),
@@ -391,9 +396,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                               threshold=threshold,
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
-                if first_steps and collective.rank() == 0:  # the first plan of unequal batches
+                if first_steps and collective.rank() == 0:  # the first plan from real steps
                     small_batch_check.warn_small_batches(self.model, decision.plan)
-                    if decision.changed and self.verbose:
+                    if self.verbose:  # equal batches kept, too: the user sees the plan
                         print(decision.plan.table(), file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
                     what = (f"restored the plan before, which measured a "

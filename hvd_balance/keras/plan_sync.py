@@ -8,6 +8,7 @@ failure on one rank into the same error on all of them (see :mod:`hvd_balance.ke
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any, Dict, List, Optional, Sequence
@@ -133,6 +134,14 @@ def benchmark_and_plan(model: tf.keras.Model, data: BalancedData, method: str = 
     return collective.agree(
         lambda: plan_from_measurements(measurements, data.global_batch_size, method, min_batch_size),
         name="hvd_balance.plan")
+
+
+def equal_start(data: BalancedData) -> Plan:
+    """Equal batches, with every rank's host and device for the plan table (a collective)."""
+    where = collective.allgather_object((collective.hostname(), describe_device()),
+                                        name="hvd_balance.where")
+    return dataclasses.replace(Plan.uniform(data.global_batch_size, data.world_size),
+                               hosts=tuple(h for h, _ in where), devices=tuple(d for _, d in where))
 
 
 def resolve_given_plan(plan, data: BalancedData) -> Plan:
