@@ -61,6 +61,19 @@ MIN_SAMPLES = 5
 CALIBRATION_STEPS = 3
 
 
+def share_weighted_noise(noise: Sequence[float], busy_s: Sequence[float]) -> List[float]:
+    """Each rank's relative error scaled by its busy time's share of the longest,
+    ``e_i * busy_i / max_j busy_j``: how far the window's slowest step may be off because of
+    that rank. For the first steps' two timed steps, where a fast rank's few milliseconds can
+    vary by half and say nothing of a step the slow ranks set.
+
+    >>> [round(e, 3) for e in share_weighted_noise([0.5, 0.02], [0.005, 0.128])]
+    [0.02, 0.02]
+    """
+    top = max(busy_s)
+    return [float(e) * float(b) / top for e, b in zip(noise, busy_s)]
+
+
 def calibration_step(steps_per_epoch: int, every: int = 1,
                      first: int = CALIBRATION_STEPS) -> Optional[int]:
     """The step at which a plan made from the first real steps takes effect: the smallest

@@ -20,7 +20,7 @@ from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
 from ..core.replan import (COMMUNICATION_BOUND, DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds,
                            balance_efficiency, calibration_step, paper_plan, robust_busy,
-                           round_threshold)
+                           round_threshold, share_weighted_noise)
 
 log = logging.getLogger(__name__)
 
@@ -378,11 +378,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
                 noise = [w["busy_rse"] for w in window]
-                if first_steps:
-                    # Two timed steps: a fast rank's few milliseconds can vary by half, which
-                    # says nothing of a step the slow ranks set; weigh each rank's error by its
-                    # share of the longest busy time.
-                    noise = [e * b / max(busy) for e, b in zip(noise, busy)]
+                if first_steps:  # two timed steps: a fast rank's noise is not the step's
+                    noise = share_weighted_noise(noise, busy)
                 pooled_noise = [w["pooled_busy_rse"] for w in window]
                 decision, self._rounds = collective.agree(
                     lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise),
