@@ -462,7 +462,9 @@ class BalancedData(tf.data.Dataset):
             self._wait_for_plan(epoch, first)
             block = self._block(order, first, end, self.plan_at(epoch, first), rank)
             for now in range(step, end):
-                if self.segment(now, epoch)[1] != end:  # the other ranks lay it out otherwise
+                # A hold set inside this segment since it was laid out (at or before `now`,
+                # whichever the prefetching reached first): the other ranks lay it out otherwise.
+                if self.segment(now, epoch) != (first, end):
                     raise RuntimeError(
                         f"rank {self.rank}: a step of epoch {epoch} was held (hold_at) after this "
                         f"input pipeline had laid out steps {first}-{end - 1}; hold a step "
