@@ -7,7 +7,9 @@ step times at a few local batches), plans with each strategy and runs synchronou
 * ``uniform``: every rank ``B / N`` samples (plain Horovod).
 * ``proportional``: the paper's rule, ``b_i`` proportional to measured throughput.
 * ``static``: hvd_balance's minmax plan from the benchmark, kept for the whole run.
-* ``adaptive``: the same first plan; every ``replan_every`` steps the window's busy times
+* ``adaptive``: the same first plan (``LoadBalancer(data, benchmark=True)``; the default
+  ``LoadBalancer(data)``'s start from equal batches and its first steps' plan are not
+  simulated); every ``replan_every`` steps the window's busy times
   go to the library's own re-planning rounds, :class:`hvd_balance.core.replan.Rounds` (the
   same rule, threshold, calibration round, noise allowance and trial of each change against
   the window's step time as the ``LoadBalancer``; a simulated step is its slowest rank's busy
