@@ -54,10 +54,11 @@ MIN_SAMPLES = 5
 # the busy times of the first real steps: this many, the first of which (it traces the step)
 # the telemetry leaves out, so 2 are timed. Each costs the fast ranks a wait for the slowest
 # (on the 1.0/0.25 pair 1.3-1.7 balanced steps more, BENCHMARKS.md), so they are few: the next
-# window (the rest of the epoch) refines the plan, and its round changes a plan more than 8 %
-# off. On that pair (3 runs at 4 steps) the first 3 timed steps of a rank were within 18 % of
-# each other, the median of 3 within 1-3 % of the mean of the first 2, and a third step cost
-# 0.3 s, 0.6 % of a 5-epoch run of 9 s epochs.
+# window (the rest of the epoch) refines the plan: its round is the calibration, and changes a
+# plan more than 2 % off (plus the window's noise allowance). On that pair (3 runs at 4 steps)
+# the first 3 timed steps of a rank were within 18 % of each other, the median of 3 within
+# 1-3 % of the mean of the first 2, and a third step cost 0.3 s, 0.6 % of a 5-epoch run of 9 s
+# epochs.
 CALIBRATION_STEPS = 3
 
 
@@ -98,13 +99,37 @@ CALIBRATION_THRESHOLD = 0.02
 # smaller margin would undo good changes on noise; busy times' own standard errors (up to 4.5 %
 # on a quarter core) say little about the step's mean.
 UNDO_MARGIN = 0.05
-# A window whose step lasts this many times the largest busy time is communication-bound:
-# busy times cover less than 40 % of the step and do not predict it. Measured step / largest
-# busy time (BENCHMARKS.md): 1.06-1.22 for the CNN, the MLP and a fixed per-step cost; 1.7-2.2
-# for the text CNN, whose busy-time re-plans were kept by the step time they then measured;
-# 3.1-3.6 for the 4-rank ResNet with SyncBatchNormalization, where 3 of 4 such re-plans made
-# the step 5-17 % longer.
+# A step lasting this many times the largest busy time is communication-bound: busy times
+# cover less than 40 % of the step and do not predict it (:func:`communication_bound`).
+# Measured step / largest busy time on balanced plans (BENCHMARKS.md): 1.06-1.22 for the CNN,
+# the MLP and a fixed per-step cost; 1.7-2.2 for the text CNN, whose busy-time re-plans were
+# kept by the step time they then measured; 3.1-3.6 for the 4-rank ResNet with
+# SyncBatchNormalization, where 3 of 4 such re-plans made the step 5-17 % longer.
 COMMUNICATION_BOUND = 2.5
+
+
+def communication_bound(plan: Plan, busy_s: Sequence[float], step_s: float,
+                        method: str = "minmax") -> bool:
+    """Whether the step would be communication-bound under the plan the busy times predict:
+    ``wait + balanced >= COMMUNICATION_BOUND * balanced``, with ``wait = step_s - max_i busy_i``
+    (the slowest rank waits for no other rank, only for the collectives themselves) and
+    ``balanced = max_i busy_i * (1 - gain)`` the slowest busy time :func:`decide` predicts for
+    that plan (seconds per step). On a balanced window (``gain`` 0) this is ``step_s >=
+    COMMUNICATION_BOUND * max_i busy_i``. Judged at the plan in force alone, an unbalanced
+    window hides it: at equal batches the 4-rank ResNet with SyncBatchNormalization measured a
+    1.25-1.29 s step, 2.2x its largest busy time, but the slowest rank waited 0.71-0.74 s and
+    the balancing plan predicted 0.30-0.32 s of busy time (3.2-3.5x; BENCHMARKS.md); the
+    1.0/0.25 CNN pair's slowest rank waited 0.014-0.016 s against 0.22-0.24 s (1.1x).
+
+    >>> plan = Plan.from_batch_sizes([32, 32])
+    >>> communication_bound(plan, [0.010, 0.030], step_s=0.060)   # balanced: 0.020 + 0.030
+    True
+    >>> communication_bound(plan, [0.010, 0.030], step_s=0.035)
+    False
+    """
+    busy = [float(b) for b in busy_s]
+    balanced = max(busy) * (1.0 - max(0.0, decide(plan, busy, method=method).gain))
+    return float(step_s) - max(busy) + balanced >= COMMUNICATION_BOUND * balanced
 
 
 def round_threshold(threshold: float, calibrating: bool) -> float:
@@ -426,11 +451,10 @@ class Rounds:
         """The paper's plan as a trial, once per job, when the window is communication-bound
         and that plan differs from ``plan``; else ``None``."""
         paper = self.paper
-        if (paper is None or self.explored or step_s is None
-                or step_s < COMMUNICATION_BOUND * max(busy)):
-            return None
-        if (paper.batch_sizes == plan.batch_sizes
+        if (paper is None or self.explored or step_s is None or paper.batch_sizes == plan.batch_sizes
                 or state.measured.get(tuple(paper.batch_sizes)) == math.inf):
+            return None
+        if not communication_bound(plan, busy, step_s, self.method):
             return None
         trial = Trial(paper, plan, float(step_s), busy, hold_if_kept=True)
         return (Decision(paper, True, 0.0, balance_efficiency(busy), busy, explored=True),

@@ -18,8 +18,8 @@ from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.plan import Plan
-from ..core.replan import (COMMUNICATION_BOUND, DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds,
-                           balance_efficiency, calibration_step, paper_plan, robust_busy,
+from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency,
+                           calibration_step, communication_bound, paper_plan, robust_busy,
                            round_threshold, share_weighted_noise)
 
 log = logging.getLogger(__name__)
@@ -52,19 +52,21 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     (mean per step) and ``rank{i}_local_batch``. With ``rebalance`` on (the default after a
     benchmark), the curves are corrected by the measured times and a new plan is adopted on
     every rank at the same step boundary when it is predicted to be faster by more than
-    ``threshold``. The first such round is a *calibration* (the first real steps, or after a
-    benchmark, which times a step of its own without the input pipeline and Keras's per-step
-    work, the first window of real steps): it re-plans for any gain above 2 % and the
-    window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
+    ``threshold``. The first full window after a coarse plan is a *calibration* (after the
+    first real steps' plan, made from 2 timed steps, or after a benchmark, which times a step
+    of its own without the input pipeline and Keras's per-step work): it re-plans for any gain
+    above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
     trial judged by the next window's measured step time (busy + wait): a change that made the
     step longer (by more than 5 %) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
     plus the noise
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
     communication-bound step, whose slow ranks also run their share of the collectives slowly.
-    Where the step lasts 2.5 times the largest busy time or more, busy times do not predict
-    it: the first such window tries the paper's proportional plan from the benchmark, and the
-    faster of the two as measured is kept.
+    Where the step would last 2.5 times the largest busy time or more under the plan busy
+    times predict (:func:`hvd_balance.core.replan.communication_bound`), busy times do not
+    predict it: without a benchmark yet, the callback benchmarks there (at the first real
+    steps, or a later window); the first such window then tries the paper's proportional plan
+    from the benchmark, and the faster of the two as measured is kept.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -282,8 +284,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             if at is not None and not (isinstance(self.rebalance, int) and at >= self.rebalance):
                 data.hold_at(at)
                 self._calibration_at = at
-        # What re-planning learns; its first round is the calibration (after a benchmark, or
-        # from the first real steps of equal batches).
+        # What re-planning learns; its first round is the calibration after a benchmark (after
+        # the first real steps' round, _replan makes the next one the calibration).
         self._rounds = Rounds(self.threshold, self.method, calibrating=self.given_plan is None,
                               paper=paper_plan(plan))
         if self.verbose and collective.rank() == 0:
@@ -367,7 +369,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             record["efficiency"] = balance_efficiency(busy)
             replanning = self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples
             if (replanning and self._without_curves and step_s is not None
-                    and step_s >= COMMUNICATION_BOUND * max(busy)):
+                    and communication_bound(self.plan, busy, step_s, self.method)):
                 # Busy times do not predict a communication-bound step (replan.py): time the
                 # curves after all, and go on as after a benchmark, the paper's plan to be tried.
                 # (The window is gathered, so every rank takes this branch or none.)
@@ -384,9 +386,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 decision, self._rounds = collective.agree(
                     lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise),
                     name="hvd_balance.rebalance")
-                if first_steps and not decision.changed:
-                    # Two timed steps can be too noisy to move from equal batches; then the
-                    # first full window is the calibration (at the calibration's threshold).
+                if first_steps:
+                    # Two timed steps are a coarse measure, as a benchmark is: the first full
+                    # window is the calibration (its threshold), whether or not they moved the
+                    # plan. At 8 %, a plan from them that left the quarter core 10-15 % busier
+                    # stayed all job (predicted 11.1 and 10.4 % gains; BENCHMARKS.md).
                     self._rounds = dataclasses.replace(self._rounds, calibrating=True)
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,

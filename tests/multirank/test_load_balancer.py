@@ -151,16 +151,17 @@ def test_by_default_the_first_plan_sees_the_real_input_cost():
     assert results[0]["history"] == results[1]["history"]
     history = results[0]["history"]
     assert results[0]["rebalance"] == "epoch"
-    # The calibration lasts until it changes the plan: the first steps' round, or (where the
-    # prefetched first batches hid the input's cost from it) the first epoch's end.
+    # Two calibration rounds: the first steps' (2 timed steps) and the first full window's,
+    # which corrects the first steps' coarse plan, or (where the prefetched first batches hid
+    # the input's cost from the first steps) makes the plan.
     first = results[0]["first_plan"]
+    assert (history[0]["epoch"], history[0]["step"]) == (0, 3), history
     changed = [k for k, h in enumerate(history) if h["changed"]]
-    assert changed, history
-    calibration = history[changed[0]]
-    assert all(h["threshold"] == CALIBRATION_THRESHOLD for h in history[:changed[0] + 1]), history
-    assert calibration["batch_sizes"][1] < 0.75 * first[1], (first, calibration)
-    # The next round (when there is one) is an ordinary one, with the hysteresis threshold.
-    assert all(h["threshold"] == DEFAULT_THRESHOLD for h in history[changed[0] + 1:]), history
+    assert changed and changed[0] <= 1, history
+    assert [h["threshold"] for h in history[:2]] == [CALIBRATION_THRESHOLD] * 2, history
+    assert history[changed[0]]["batch_sizes"][1] < 0.75 * first[1], (first, history)
+    # The later rounds are ordinary ones, with the hysteresis threshold.
+    assert all(h["threshold"] == DEFAULT_THRESHOLD for h in history[2:]), history
 
 
 @pytest.mark.timeout(300)

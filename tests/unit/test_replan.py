@@ -3,9 +3,10 @@ import numpy as np
 import pytest
 
 from hvd_balance import Plan, plan_batches
-from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, DEFAULT_THRESHOLD, UNDO_MARGIN,
-                                     Rounds, balance_efficiency, corrected_curves, decide,
-                                     drifted, paper_plan, robust_busy, round_threshold)
+from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, COMMUNICATION_BOUND,
+                                     DEFAULT_THRESHOLD, UNDO_MARGIN, Rounds, balance_efficiency,
+                                     communication_bound, corrected_curves, decide, drifted,
+                                     paper_plan, robust_busy, round_threshold)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -297,3 +298,18 @@ def test_the_papers_plan_comes_from_the_benchmark_curves():
     assert paper.batch_sizes == plan_batches(curves, 256, method="proportional").batch_sizes
     assert paper.batch_sizes != minmax.batch_sizes and paper.method == "proportional"
     assert paper_plan(paper) is None and paper_plan(Plan.from_batch_sizes([128, 128])) is None
+
+
+def test_communication_bound_judges_the_step_of_the_plan_busy_times_predict():
+    # The 4-rank ResNet with SyncBatchNormalization at equal batches (BENCHMARKS.md): the step
+    # is 2.3x the largest busy time, under the bound, but its slowest rank waits 0.72 s for the
+    # collectives alone, over twice the busy time of the plan that balances it.
+    resnet = Plan.from_batch_sizes([128] * 4)
+    busy, step = [0.20, 0.30, 0.55, 0.55], 1.27
+    assert step < COMMUNICATION_BOUND * max(busy)
+    assert communication_bound(resnet, busy, step)
+    # The 1.0/0.25 CNN pair: its slowest rank waits 15 ms of a 0.5 s step.
+    assert not communication_bound(Plan.from_batch_sizes([256, 256]), [0.13, 0.48], 0.495)
+    # On a balanced window it is the step against 2.5x the largest busy time.
+    even = Plan.from_batch_sizes([64, 64])
+    assert communication_bound(even, [0.1, 0.1], 0.25) and not communication_bound(even, [0.1, 0.1], 0.24)
