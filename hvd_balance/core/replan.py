@@ -128,8 +128,11 @@ def communication_bound(plan: Plan, busy_s: Sequence[float], step_s: float,
     False
     """
     busy = [float(b) for b in busy_s]
+    wait = float(step_s) - max(busy)
+    if wait <= 0.0:  # no collective time at all (the simulator's steps): no planner call
+        return False
     balanced = max(busy) * (1.0 - max(0.0, decide(plan, busy, method=method).gain))
-    return float(step_s) - max(busy) + balanced >= COMMUNICATION_BOUND * balanced
+    return wait + balanced >= COMMUNICATION_BOUND * balanced
 
 
 def round_threshold(threshold: float, calibrating: bool) -> float:
