@@ -454,7 +454,8 @@ class Rounds:
         """The paper's plan as a trial, once per job, when the window is communication-bound
         and that plan differs from ``plan``; else ``None``."""
         paper = self.paper
-        if (paper is None or self.explored or step_s is None or paper.batch_sizes == plan.batch_sizes
+        if (paper is None or self.explored or step_s is None
+                or paper.batch_sizes == plan.batch_sizes
                 or state.measured.get(tuple(paper.batch_sizes)) == math.inf):
             return None
         if not communication_bound(plan, busy, step_s, self.method):

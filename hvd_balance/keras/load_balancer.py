@@ -55,11 +55,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     ``threshold``. The first full window after a coarse plan is a *calibration* (after the
     first real steps' plan, made from 2 timed steps, or after a benchmark, which times a step
     of its own without the input pipeline and Keras's per-step work): it re-plans for any gain
-    above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every change is a
-    trial judged by the next window's measured step time (busy + wait): a change that made the
-    step longer (by more than 5 %) is undone, and the plan restored is kept
-    until the ranks' relative speeds (shares of the busy time) drift by more than ``threshold``
-    plus the noise
+    above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every
+    change is a trial judged by the next window's measured step time (busy + wait): a change
+    that made the step longer (by more than 5 %) is undone, and the plan restored is kept
+    until the ranks' relative speeds (shares of the busy time) drift by more than
+    ``threshold`` plus the noise
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
     communication-bound step, whose slow ranks also run their share of the collectives slowly.
     Where the step would last 2.5 times the largest busy time or more under the plan busy
@@ -284,8 +284,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             if at is not None and not (isinstance(self.rebalance, int) and at >= self.rebalance):
                 data.hold_at(at)
                 self._calibration_at = at
-        # What re-planning learns; its first round is the calibration after a benchmark (after
-        # the first real steps' round, _replan makes the next one the calibration).
+        # What re-planning learns; its first round is a calibration (the first real steps', or
+        # the first window after a benchmark), and _replan makes the round after the first
+        # real steps' a calibration too.
         self._rounds = Rounds(self.threshold, self.method, calibrating=self.given_plan is None,
                               paper=paper_plan(plan))
         if self.verbose and collective.rank() == 0:

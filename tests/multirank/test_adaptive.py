@@ -90,7 +90,9 @@ def test_steady_speeds_do_not_oscillate():
                  if now["epoch"] >= 1 and direction(now) == -direction(before) != 0
                  and not drifted(speed(before), speed(now),
                                  DEFAULT_THRESHOLD + noise_allowance(now["busy_rse"]))]
-        return f"the plan swung back at steady speeds: {flips}; history {history}" if flips else None
+        if flips:
+            return f"the plan swung back at steady speeds: {flips}; history {history}"
+        return None
 
     run_scenario([6, 99, 0, "epoch"], 6, problems)
 

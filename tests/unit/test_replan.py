@@ -312,4 +312,5 @@ def test_communication_bound_judges_the_step_of_the_plan_busy_times_predict():
     assert not communication_bound(Plan.from_batch_sizes([256, 256]), [0.13, 0.48], 0.495)
     # On a balanced window it is the step against 2.5x the largest busy time.
     even = Plan.from_batch_sizes([64, 64])
-    assert communication_bound(even, [0.1, 0.1], 0.25) and not communication_bound(even, [0.1, 0.1], 0.24)
+    assert communication_bound(even, [0.1, 0.1], 0.25)
+    assert not communication_bound(even, [0.1, 0.1], 0.24)
