@@ -213,20 +213,21 @@ def distributed_optimizer(optimizer, make_reduce: Callable[[Callable], Callable]
     return distributed
 
 
-def horovod_optimizer(optimizer):
+def horovod_optimizer(optimizer, compression=None):
     """Plain Horovod on this Keras: every rank's gradient averaged alike (the benchmark's
     ``uniform`` baseline). Keras 2: Horovod's own ``DistributedOptimizer``; Keras 3, where
     Horovod's never reduces: the same subclass hvd_balance uses, with ``op=Average`` and no
-    weights or timestamps."""
+    weights or timestamps. ``compression``: Horovod's (default ``hvd.Compression.none``)."""
     import horovod.tensorflow as hvd
 
+    compression = compression if compression is not None else hvd.Compression.none
     if KERAS3:
         return _keras3_distributed_optimizer(optimizer, lambda reduce: reduce, name=None,
-                                             compression=hvd.Compression.none, sparse_as_dense=False,
+                                             compression=compression, sparse_as_dense=False,
                                              process_set=hvd.global_process_set, op=hvd.Average)
     import horovod.tensorflow.keras as hvd_keras
 
-    return hvd_keras.DistributedOptimizer(optimizer)
+    return hvd_keras.DistributedOptimizer(optimizer, compression=compression)
 
 
 def _hook_horovod_allreduce(distributed, make_reduce: Callable[[Callable], Callable]) -> None:

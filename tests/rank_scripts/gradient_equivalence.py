@@ -3,7 +3,8 @@
 Usage: horovodrun -np N python gradient_equivalence.py 5,17,42
 Emits per rank (``_result.emit``): {"rank", "max_rel_err_dense", "max_rel_err_sparse", "batches"}
 (``executed``: two steps in one execution, ``steps_per_execution=2``; ``accumulated``, Keras 3
-only: two steps with ``gradient_accumulation_steps=2``).
+only: two steps with ``gradient_accumulation_steps=2``; ``fp16``: the dense step with the
+gradients allreduced as float16, ``hvd.Compression.fp16``).
 """
 import sys
 
@@ -47,6 +48,8 @@ result = {"rank": hvd.rank(), "batches": batches}
 runs = [(name, make, x, {}, 1, {}) for name, (make, x) in cases.items()]
 # Two steps in one execution of the compiled loop.
 runs.append(("executed", dense_model, cases["dense"][1], {}, 2, {"steps_per_execution": 2}))
+# The weighted gradients allreduced in half precision: the same step to fp16's precision.
+runs.append(("fp16", dense_model, cases["dense"][1], {}, 1, {}))
 if KERAS3:
     runs.append(("accumulated", dense_model, cases["dense"][1], {"gradient_accumulation_steps": 2}, 2, {}))
 for name, make, x, extra, steps, compile_options in runs:
@@ -54,7 +57,9 @@ for name, make, x, extra, steps, compile_options in runs:
     model = make()
     start = [w.copy() for w in model.get_weights()]
     data = hvd_balance.BalancedData(x, y, global_batch_size=B, seed=3)
-    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.5, **extra))
+    compression = hvd.Compression.fp16 if name == "fp16" else hvd.Compression.none
+    opt = hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.5, **extra),
+                                           compression=compression)
     model.compile(optimizer=opt, loss=loss, **compile_options)
     model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0,
               callbacks=[hvd_balance.LoadBalancer(data, plan=plan, verbose=0)])

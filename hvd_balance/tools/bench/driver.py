@@ -19,8 +19,8 @@ from ..emulate import RANK_ENV
 from .figures import _median, summarize, summarize_job, targets
 from .models import BATCH_NORMS, sync_batch_norm_available
 from .plot import plot
-from .settings import (_STOP_GRACE_S, ALL_STRATEGIES, DEFAULT_LEARNING_RATE, HELDOUT,
-                       LEARNING_RATE, MODELS, SMOKE, STRATEGIES)
+from .settings import (_STOP_GRACE_S, ALL_STRATEGIES, COMPRESSIONS, DEFAULT_LEARNING_RATE,
+                       HELDOUT, LEARNING_RATE, MODELS, SMOKE, STRATEGIES)
 from .worker import run_worker
 
 def _cpu_busy_s() -> float:
@@ -53,6 +53,8 @@ def job_command(args, strategy: str, job_out: str) -> List[str]:
         cmd += ["--benchmark-batches", args.benchmark_batches]
     if args.tf_data_autotune:
         cmd += ["--tf-data-autotune"]
+    if args.compression != "none":
+        cmd += ["--compression", args.compression]
     if args.patched_step_timer:
         cmd += ["--patched-step-timer"]
     if args.hosts:
@@ -192,7 +194,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
                    "heldout": args.heldout, "lr": args.lr,
                    "benchmark_batches": args.benchmark_batches,
                    "benchmark_repeats": args.benchmark_repeats, "period_us": args.period_us,
-                   "tf_data_autotune": args.tf_data_autotune,
+                   "tf_data_autotune": args.tf_data_autotune, "compression": args.compression,
                    "patched_step_timer": args.patched_step_timer, "worker_env": {
                        k: env[k] for k in sorted(set(RANK_ENV) | {kv.split("=", 1)[0] for kv in args.env})}},
         "machine": {"cores": os.cpu_count(), "others_cores_median": _median(
@@ -321,6 +323,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="CFS period of the CPU quotas (hvd_balance.emulate --period-us)")
     p.add_argument("--tf-data-autotune", action="store_true",
                    help="leave tf.data autotuning on for the training input (default: off)")
+    p.add_argument("--compression", choices=COMPRESSIONS, default="none",
+                   help="the gradients' compression in the allreduce (hvd.Compression.fp16 "
+                        "halves the bytes, at a cast each way on every rank); every strategy; "
+                        "default %(default)s")
     p.add_argument("--patched-step-timer", action="store_true",
                    help="no effect: benchmark.py times the backward pass since 36b3e9a; "
                         "accepted so the commands recorded in BENCHMARKS.md rerun as written")

@@ -32,6 +32,8 @@ HELDOUT = 2048  # held-out samples every strategy's accuracy is measured on
 ADAM_MODELS = ("text",)
 LEARNING_RATE = {"resnet": 0.05, "text": 0.003}
 DEFAULT_LEARNING_RATE = 0.01
+# The gradients' compression in the allreduce: Horovod's hvd.Compression by its lower-case name.
+COMPRESSIONS = ("none", "fp16")
 
 _STOP_GRACE_S = 20.0
 # The smoke run's model is the CNN: the tiny one's 5 ms steps vary by a third from one step to

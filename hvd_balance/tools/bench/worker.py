@@ -218,10 +218,11 @@ def run_worker(args) -> int:
         base = tf.keras.optimizers.Adam(args.lr)
     else:
         base = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
-    if args.strategy == "uniform":
-        optimizer = compat.horovod_optimizer(base)  # plain Horovod: equal weights, no telemetry
+    compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[args.compression]
+    if args.strategy == "uniform":  # plain Horovod: equal weights, no telemetry
+        optimizer = compat.horovod_optimizer(base, compression=compression)
     else:
-        optimizer = hvd_balance.DistributedOptimizer(base)
+        optimizer = hvd_balance.DistributedOptimizer(base, compression=compression)
     model.compile(optimizer=optimizer,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
