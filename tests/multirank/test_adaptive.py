@@ -116,7 +116,7 @@ def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
 def test_without_a_benchmark_the_telemetry_finds_the_balance():
     # 16 steps an epoch; windows of k = 6 steps; the plan made from the first 3 steps applies
     # from step 3 (calibration_step), a plan decided after step 6 from 12
-    epochs, k = 3, 6
+    epochs, k, delay_ms = 3, 6, 25
 
     def problems(per_rank):
         plans, history = per_rank[0]["plans"], per_rank[0]["history"]
@@ -129,16 +129,21 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
         last = plans[-1][-1]
         if not last[0] > last[1]:
             return f"the slowed rank 1 does not have the smaller batch at the end: {last}"
-        end = [h["efficiency"] for h in history if h["epoch"] == epochs - 1]
-        if max(end) < 0.85:
-            return f"efficiency in the last epoch {end}: {history}"
-        return None
+        end = [h for h in history if h["epoch"] == epochs - 1]
+        if max(h["efficiency"] for h in end) >= 0.85:
+            return None
+        # Where rank 0's whole step costs less than rank 1's delay alone (on a fast machine:
+        # 16-18 ms a step at 240-247 samples, 2026-12-01), no plan balances their busy times;
+        # the balancer must then have moved all but a sixteenth of the work to rank 0.
+        if end[-1]["busy_ms"][0] < delay_ms and last[1] <= 256 // 16:
+            return None
+        return f"efficiency in the last epoch {[h['efficiency'] for h in end]}: {history}"
 
     # rank 1 pays 25 ms a step from the start, a fixed cost that the first, proportional
     # re-plan overcharges and the line through two windows then corrects. (At 15 ms the first
     # 6-step window predicts 26-35 %, which its noise allowance held back in 1 run of 8; at
     # 25 ms it predicts 37-46 % and 8 runs in 8 re-planned there.)
-    run_scenario([epochs, 0, 25, k, "telemetry"], epochs, problems)
+    run_scenario([epochs, 0, delay_ms, k, "telemetry"], epochs, problems)
 
 
 @pytest.mark.timeout(300)
