@@ -55,8 +55,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     ``threshold``. The first full window after a coarse plan is a *calibration* (after the
     first real steps' plan, made from 2 timed steps, or after a benchmark, which times a step
     of its own without the input pipeline and Keras's per-step work): it re-plans for any gain
-    above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`). Every
-    change is a trial judged by the next window's measured step time (busy + wait): a change
+    above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`), as
+    does a steady imbalance (the same rank the busiest in two windows of the same batches:
+    :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the next window's measured step time (busy + wait): a change
     that made the step longer (by more than 5 %) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than
     ``threshold`` plus the noise
@@ -395,7 +396,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     self._rounds = dataclasses.replace(self._rounds, calibrating=True)
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,
-                              threshold=threshold,
+                              threshold=(threshold if decision.threshold is None
+                                         else decision.threshold),
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
                 if first_steps and collective.rank() == 0:  # the first plan from real steps

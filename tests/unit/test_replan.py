@@ -6,7 +6,8 @@ from hvd_balance import Plan, plan_batches
 from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, COMMUNICATION_BOUND,
                                      DEFAULT_THRESHOLD, UNDO_MARGIN, Rounds, balance_efficiency,
                                      communication_bound, corrected_curves, decide, drifted,
-                                     paper_plan, robust_busy, round_threshold)
+                                     paper_plan, robust_busy, round_threshold,
+                                     steady_imbalance)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,6 +74,25 @@ def test_the_calibration_round_corrects_a_benchmark_bias_the_later_rounds_would_
     after = [t(b) for t, b in zip(true, calibrated.plan.batch_sizes)]
     assert balance_efficiency(after) > balance_efficiency(busy) and balance_efficiency(after) > 0.97
     assert max(after) < max(busy)
+
+
+def test_a_steady_imbalance_needs_only_the_calibration_threshold():
+    plan = Plan.from_batch_sizes([48, 16])  # no curves: time proportional to the batch
+    busy = [0.0200, 0.0215]  # rank 1 is busier: equal busy times predict a 5.1 % shorter step
+    d, rounds = Rounds(calibrating=False).next(plan, busy, step_s=0.022, pooled_s=busy)
+    assert not d.changed and CALIBRATION_THRESHOLD < d.gain < DEFAULT_THRESHOLD  # one window
+    # The next window of the same batches: rank 1 the busiest again, and pooled over both.
+    d, _ = rounds.next(plan, [0.0201, 0.0214], step_s=0.022, pooled_s=[0.02005, 0.02145],
+                       pooled_noise=[0.002, 0.002])
+    assert d.changed and d.threshold == CALIBRATION_THRESHOLD
+    assert d.plan.batch_sizes == (49, 15)
+    # Had rank 0 been the busiest the window before, the same figures are noise: 8 % again.
+    _, rounds = Rounds(calibrating=False).next(plan, [0.0215, 0.0200], step_s=0.022,
+                                               pooled_s=[0.0215, 0.0200])
+    d, _ = rounds.next(plan, busy, step_s=0.022, pooled_s=[0.02075, 0.02076])
+    assert not d.changed and d.threshold == DEFAULT_THRESHOLD
+    # A window of other batches before it is no evidence either.
+    assert not steady_imbalance([(50, 0.0200), (14, 0.0215)], [48, 16], busy, busy)
 
 
 def test_the_round_threshold():
