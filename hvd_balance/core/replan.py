@@ -141,10 +141,11 @@ def steady_imbalance(previous: Optional[Sequence[Sequence[float]]], batch_sizes:
     """Whether one imbalance held over two windows of the same batches: the window before ran
     ``batch_sizes`` too (``previous``: its ``(local_batch, busy_s)`` per rank), and the same
     rank was the busiest in it, in this window and pooled over all windows since the batches
-    last changed (``pooled_s``, busy seconds per step). Such an imbalance is a bias of the
-    plan's curves, as a benchmark's is, not the shared machine's epoch-to-epoch noise (which
-    moved the busiest rank's 5-7 % "gains" from one window to the next): its round needs only
-    the calibration's threshold (:func:`round_threshold`). On the 4-rank CNN, rounds at 8 % left
+    last changed (``pooled_s``, busy seconds per step). Such an imbalance is taken for a bias
+    of the plan's curves, as a benchmark's is, rather than the shared machine's epoch-to-epoch
+    noise (the 5-7 % "gains" of steady runs that :data:`DEFAULT_THRESHOLD` is for, which a
+    second window need not repeat): its round needs only the calibration's threshold
+    (:func:`round_threshold`) plus the pooled noise allowance. On the 4-rank CNN, rounds at 8 % left
     plans whose same quarter core stayed busiest for two epochs, at predicted gains of 7.0 and
     11.6 % (BENCHMARKS.md).
 

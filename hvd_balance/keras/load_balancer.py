@@ -57,7 +57,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     of its own without the input pipeline and Keras's per-step work): it re-plans for any gain
     above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`), as
     does a steady imbalance (the same rank the busiest in two windows of the same batches:
-    :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the next window's measured step time (busy + wait): a change
+    :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the
+    next window's measured step time (busy + wait): a change
     that made the step longer (by more than 5 %) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than
     ``threshold`` plus the noise
