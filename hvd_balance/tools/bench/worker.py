@@ -218,7 +218,7 @@ def run_worker(args) -> int:
         base = tf.keras.optimizers.Adam(args.lr)
     else:
         base = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
-    compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[args.compression]
+    compression = getattr(hvd.Compression, args.compression)  # a name in settings.COMPRESSIONS
     if args.strategy == "uniform":  # plain Horovod: equal weights, no telemetry
         optimizer = compat.horovod_optimizer(base, compression=compression)
     else:
