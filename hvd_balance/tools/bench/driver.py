@@ -173,6 +173,12 @@ def run_driver(args, argv: Sequence[str]) -> int:
                     job["result"] = json.load(f)
                 job["summary"] = summarize_job(job["result"])
                 s = job["summary"]
+                if s.get("paired"):
+                    p = s["paired"]
+                    print(f"  rep {rep} paired: paper {p['paper']} default {p['default']}  step ms "
+                          f"paper {_fmt_list(p['paper_step_s'], 1e3)} default "
+                          f"{_fmt_list(p['default_step_s'], 1e3)}  pairs "
+                          f"{_fmt_list(p['pair_ratios'], 1, '{:.3f}')}", flush=True)
                 print(f"  rep {rep} {strategy:12s} batches {s['local_batches']}  epoch "
                       f"{s['steady_epoch_s']:.3f} s  acc {_fmt_acc(s.get('accuracy'))}  busy {_fmt_list(s['busy_s'], 1e3)} ms  wait "
                       f"{_fmt_list(s['wait_s'], 1e3)} ms  eff {s['efficiency']:.3f}  bench "
@@ -262,6 +268,11 @@ def format_summary(report: Dict[str, Any]) -> str:
         lines.append(f"ideal speedup {ideal['ideal_speedup']:.2f}x (rates "
                      f"{_fmt_list(ideal['samples_per_s'], 1, '{:.0f}')} samples/s, ideal epoch "
                      f"{ideal['ideal_epoch_s']:.3f} s)")
+    paired = report.get("paired")
+    if paired:
+        lines.append(f"paired, paper / default step time: {paired['paper_over_default_step']:.3f} "
+                     f"(median of {sum(map(len, paired['pair_ratios_per_rep']))} pairs; per job "
+                     f"{_fmt_list(paired['ratio_per_rep'], 1, '{:.3f}')})")
     if report.get("balanced_vs_proportional"):
         lines.append(f"proportional / balanced epoch time: "
                      f"{report['balanced_vs_proportional']['epoch_time_ratio']:.3f}")
@@ -303,8 +314,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated, run in this order in every repetition; also "
                         "'static' (the benchmark's minmax plan, never re-planned), "
                         "'adaptive' (rebalance='epoch': balanced's default) "
-                        "and 'telemetry' (no benchmark: equal batches, then re-planned every "
-                        "third of an epoch)")
+                        "'telemetry' (no benchmark: equal batches, then re-planned every "
+                        "third of an epoch) and 'paired' (the paper's plan and the default's "
+                        "found in one job, then alternated for --epochs epochs, an even number)")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each strategy")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--global-batch", type=int, default=512, help="B, samples per step over all ranks")
@@ -369,6 +381,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise SystemExit(f"hvd_balance.bench: --{key.replace('_', '-')} must be >= 1; "
                              f"got {getattr(args, key)}")
+    if "paired" in args.strategies.split(",") and args.epochs % 2:
+        raise SystemExit(f"hvd_balance.bench: the paired strategy compares its plans in pairs "
+                         f"of epochs: --epochs must be even; got {args.epochs}")
     if args.heldout < 0:
         raise SystemExit(f"hvd_balance.bench: --heldout must be >= 0; got {args.heldout}")
     if args.batch_norm == "sync" and args.model == "resnet" and not sync_batch_norm_available():

@@ -113,6 +113,51 @@ def steady_epochs(num_epochs: int) -> List[int]:
     return list(range(1, num_epochs)) if num_epochs > 1 else [0]
 
 
+def paired_comparison(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """A ``paired`` job's two plans compared in the same job (``None`` for other jobs).
+
+    Each compared epoch's step time is the median over its steps but the first (which
+    follows ``fit``'s start, and traces the step for a batch shape new to it) of rank 0's
+    busy + wait, seconds per step. Pairs are consecutive compared epochs, one of each plan
+    (``settings.paired_order``); a pair's ratio is the paper's step / the default's, above
+    1 where the default's plan was faster.
+
+    Returns:
+        ``{"paper": batches, "default": batches, "paper_step_s": [...],
+        "default_step_s": [...], "pair_ratios": [...], "ratio": median paper step /
+        median default step}``.
+
+    Example:
+        >>> ranks = [{"busy_s": [[9, 9], [5, .10, .10, .10], [5, .12, .12, .12],
+        ...                      [5, .12, .12, .12], [5, .10, .10, .10]],
+        ...           "wait_s": [[0, 0]] + [[0, 0, 0, 0]] * 4}]
+        >>> c = paired_comparison({"ranks": ranks, "paired": {
+        ...     "paper": [3, 1], "default": [2, 2], "first_compared": 1,
+        ...     "order": ["default", "paper", "paper", "default"]}})
+        >>> [round(r, 3) for r in c["pair_ratios"]], round(c["ratio"], 3)
+        ([1.2, 1.2], 1.2)
+    """
+    paired = result.get("paired")
+    if not paired:
+        return None
+    rank0 = result["ranks"][0]
+    first = int(paired["first_compared"])
+    steps = {"paper": [], "default": []}
+    pairs, pending = [], {}
+    for k, name in enumerate(paired["order"]):
+        busy, wait = rank0["busy_s"][first + k], rank0["wait_s"][first + k]
+        step = _median([b + w for b, w in zip(busy[1:], wait[1:])])
+        steps[name].append(step)
+        pending[name] = step
+        if k % 2 == 1:
+            pairs.append(pending["paper"] / pending["default"])
+            pending = {}
+    return {"paper": paired["paper"], "default": paired["default"],
+            "paper_step_s": steps["paper"], "default_step_s": steps["default"],
+            "pair_ratios": pairs,
+            "ratio": _median(steps["paper"]) / _median(steps["default"])}
+
+
 def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
     """One job's medians from its per-rank records (see :func:`run_worker` for the input)."""
     ranks = result["ranks"]
@@ -164,6 +209,7 @@ def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
         "final_loss": result.get("final_loss"),
         "accuracy": result.get("accuracy"),
         "accuracy_per_rank": [r.get("accuracy") for r in ranks],
+        "paired": paired_comparison(result),
     }
 
 
@@ -245,6 +291,15 @@ def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batc
             "epoch_time_ratio": prop["epoch_s"] / bal["epoch_s"],
             "per_rep": [p["steady_epoch_s"] / b["steady_epoch_s"]
                         for p, b in zip(per["proportional"], per["balanced"])],
+        }
+    # The paper's plan against the default's in the same jobs (the paired strategy).
+    paired = [r["paired"] for r in per.get("paired", []) if r.get("paired")]
+    if paired:
+        out["paired"] = {
+            "paper_over_default_step": _median([r for p in paired for r in p["pair_ratios"]]),
+            "pair_ratios_per_rep": [p["pair_ratios"] for p in paired],
+            "ratio_per_rep": [p["ratio"] for p in paired],
+            "plans_per_rep": [{"paper": p["paper"], "default": p["default"]} for p in paired],
         }
     # The limit when busy time is a fixed cost plus a cost per sample (every job's points).
     points = None

@@ -13,8 +13,8 @@ STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this
 # (LoadBalancer(rebalance="off")); "adaptive", LoadBalancer(benchmark=True,
 # rebalance="epoch") (the default before the first-steps start, kept for old commands);
 # "telemetry", no benchmark, equal batches first, re-planned every K steps
-# (benchmark=False, rebalance=K).
-ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry")
+# (benchmark=False, rebalance=K); "paired", both plans in one job (paired_order).
+ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry", "paired")
 METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "static": "minmax",
              "adaptive": "minmax", "telemetry": "minmax"}
 
@@ -23,6 +23,22 @@ def telemetry_window(steps_per_epoch: int) -> int:
     """Steps per re-planning window of the ``telemetry`` strategy: a third of an epoch, and
     more than the LoadBalancer's minimum of timed steps in a window (``MIN_SAMPLES``)."""
     return max(MIN_SAMPLES + 1, steps_per_epoch // 3)
+# A paired job finds the default's plan in this many epochs of LoadBalancer(data) (the first
+# real steps' plan, its calibration in the rest of the epoch, one round at the epoch's end).
+PAIRED_FIND_EPOCHS = 2
+
+
+def paired_order(epochs: int):
+    """Which plan each of a paired job's compared epochs runs: the default's and the paper's
+    alternating in mirrored pairs, ``default paper paper default ...``, so a linear drift of
+    the machine's speed favours neither. Pairs are epochs ``(0, 1), (2, 3), ...``.
+
+    >>> paired_order(6)
+    ['default', 'paper', 'paper', 'default', 'default', 'paper']
+    """
+    return [("default", "paper")[(k + k // 2) % 2] for k in range(int(epochs))]
+
+
 MODELS = ("cnn", "mlp", "tiny", "resnet", "text")
 INPUT_DTYPE = {"text": "int32"}  # a model's input dtype when it is not float32
 HELDOUT = 2048  # held-out samples every strategy's accuracy is measured on

@@ -9,7 +9,8 @@ from typing import Optional
 
 from ..emulate import ENV_STEP_DELAY_MS
 from . import models
-from .settings import ADAM_MODELS, INPUT_DTYPE, METHOD_OF, MODELS, telemetry_window
+from .settings import (ADAM_MODELS, INPUT_DTYPE, METHOD_OF, MODELS, PAIRED_FIND_EPOCHS,
+                       paired_order, telemetry_window)
 
 def _model_parts(name: str, batch_norm: str = "local"):
     """``(input_shape, layers)`` of a benchmark model (``batch_norm``: ``resnet``'s
@@ -227,31 +228,29 @@ def run_worker(args) -> int:
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     balancer, before, after = None, Mark(), Mark()
-    if args.strategy == "uniform":
+    benchmark_options = dict(
+        benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
+        **({"repeats": args.benchmark_repeats} if args.benchmark_repeats else {}))
+    paired = None
+    if args.strategy == "paired":
+        balancer, recorder, paired = _paired_fit(model, data, callbacks, before, after,
+                                                 benchmark_options, args, StepRecorder)
+    elif args.strategy == "uniform":
         recorder = StepRecorder(model.step_timing, data, advance_epoch=True)
     else:
         balancer = hvd_balance.LoadBalancer(
-            data, method=METHOD_OF[args.strategy], verbose=0,
-            benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
+            data, method=METHOD_OF[args.strategy], verbose=0, **benchmark_options,
             # balanced is LoadBalancer(data) as a user writes it: no benchmark phase (the
             # first real steps make the plan) and the default re-planning; adaptive is the
             # default before that (a benchmark, then re-planning at epoch ends)
             benchmark={"telemetry": False, "adaptive": True}.get(args.strategy),
             rebalance={"adaptive": "epoch", "telemetry": window, "proportional": "off",
-                       "static": "off"}.get(args.strategy),
-            **({"repeats": args.benchmark_repeats} if args.benchmark_repeats else {}))
+                       "static": "off"}.get(args.strategy))
         recorder = StepRecorder(model.step_timing, data)
         callbacks += [before, balancer, after]
-    callbacks.append(recorder)
-    train = data
-    if not args.tf_data_autotune:
-        # With tf.data autotuning on, deleting an epoch's iterator waits for the autotune
-        # thread's sleep to end: seconds between epochs (see BENCHMARKS.md). The batches
-        # still come from ``data`` (its generator reads the plan and the epoch).
-        options = tf.data.Options()
-        options.autotune.enabled = False
-        train = data.with_options(options)
-    model.fit(train, epochs=args.epochs, verbose=0, callbacks=callbacks)
+    if paired is None:
+        callbacks.append(recorder)
+        model.fit(_training_input(data, args), epochs=args.epochs, verbose=0, callbacks=callbacks)
     # Held-out accuracy, the same evaluation for every strategy: every rank predicts the whole
     # held-out set with its own model (the weights are the same on every rank; per-rank
     # batch-normalization statistics, with --batch-norm local, are not).
@@ -292,12 +291,77 @@ def run_worker(args) -> int:
             "accuracy": ranks[0]["accuracy"],
             "replans": balancer.history if balancer is not None else [],
             "ranks": ranks,
+            "paired": paired,
         }
         tmp = args.job_out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(result, f, default=str)
         os.replace(tmp, args.job_out)
     return 0
+
+
+def _training_input(data, args):
+    """``data`` as ``fit`` gets it: with tf.data autotuning off unless ``--tf-data-autotune``.
+
+    With autotuning on, deleting an epoch's iterator waits for the autotune thread's sleep to
+    end: seconds between epochs (see BENCHMARKS.md). The batches still come from ``data``
+    (its generator reads the plan and the epoch)."""
+    import tensorflow as tf
+
+    if args.tf_data_autotune:
+        return data
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return data.with_options(options)
+
+
+class _Epochs:
+    """The per-epoch records of several ``fit`` calls' StepRecorders, end to end (the
+    attributes ``run_worker`` reads from a StepRecorder)."""
+
+    def __init__(self, recorders):
+        for name in ("begin_at", "end_at", "busy_s", "wait_s", "loss", "local_batch"):
+            setattr(self, name, [v for r in recorders for v in getattr(r, name)])
+
+
+def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, StepRecorder):
+    """The ``paired`` strategy: the paper's plan and the default's, found in one job and then
+    compared epoch by epoch in it, so that a job's own speed (the shared machine's load when
+    it ran) is the same for both.
+
+    1. One epoch of the ``proportional`` strategy (its benchmark before ``fit``, then its
+       plan): the paper's plan.
+    2. :data:`PAIRED_FIND_EPOCHS` epochs of ``LoadBalancer(data)`` with every default, from
+       equal batches: its plan at their end is the default's.
+    3. ``args.epochs`` epochs, each a ``fit`` of one epoch with the plan given and kept
+       (``LoadBalancer(data, plan)``), in :func:`paired_order`.
+
+    Returns ``(the default's LoadBalancer, the epochs' records, {"paper": batches,
+    "default": batches, "order": each compared epoch's plan name, "first_compared": the
+    index of the first compared epoch})``.
+    """
+    import hvd_balance
+
+    fits = []
+
+    def fit(first_epoch, epochs, fit_callbacks):
+        recorder = StepRecorder(model.step_timing, data)
+        model.fit(_training_input(data, args), initial_epoch=first_epoch,
+                  epochs=first_epoch + epochs, verbose=0, callbacks=[*fit_callbacks, recorder])
+        fits.append(recorder)
+
+    paper = hvd_balance.LoadBalancer(data, method="proportional", rebalance="off", verbose=0,
+                                     **benchmark_options)
+    fit(0, 1, [*callbacks, before, paper, after])
+    default = hvd_balance.LoadBalancer(data, verbose=0)
+    fit(1, PAIRED_FIND_EPOCHS, [default])
+    plans = {"paper": paper.plan, "default": default.plan}
+    order = paired_order(args.epochs)
+    for k, name in enumerate(order):
+        fit(1 + PAIRED_FIND_EPOCHS + k, 1, [hvd_balance.LoadBalancer(data, plans[name], verbose=0)])
+    return default, _Epochs(fits), {
+        "paper": list(plans["paper"].batch_sizes), "default": list(plans["default"].batch_sizes),
+        "order": order, "first_compared": 1 + PAIRED_FIND_EPOCHS}
 
 
 def heldout_accuracy(model, x, y, batch_size: int = 256):
