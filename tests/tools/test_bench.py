@@ -144,6 +144,60 @@ def test_accuracy_is_a_column_of_the_summary_and_its_table():
     assert " - " in driver.format_summary({**old, "targets": {}}).splitlines()[1]
 
 
+def test_paired_order_mirrors_every_two_pairs():
+    order = settings.paired_order(8)
+    assert order == ["default", "paper", "paper", "default"] * 2
+    assert all(sorted(order[k:k + 2]) == ["default", "paper"] for k in range(0, 8, 2))
+
+
+def _paired_result(steps_ms, order, first=3):
+    """A paired job's records: rank 0's compared epochs last ``steps_ms`` a step (its first
+    step 5 s, which the comparison leaves out), after ``first`` epochs of finding the plans."""
+    busy = [[1.0] * 4] * first + [[5.0] + [ms / 1e3] * 3 for ms in steps_ms]
+    return {"ranks": [{"busy_s": busy, "wait_s": [[0.0] * 4] * len(busy)}],
+            "paired": {"paper": [300, 212], "default": [310, 202], "order": order,
+                       "first_compared": first}}
+
+
+def test_a_paired_job_compares_its_plans_pair_by_pair():
+    order = settings.paired_order(4)  # default paper paper default
+    result = _paired_result([100, 110, 120, 100], order)
+    c = figures.paired_comparison(result)
+    assert c["default_step_s"] == pytest.approx([0.100, 0.100])
+    assert c["paper_step_s"] == pytest.approx([0.110, 0.120])
+    assert c["pair_ratios"] == pytest.approx([1.10, 1.20])
+    assert c["ratio"] == pytest.approx(0.115 / 0.100)
+    assert figures.paired_comparison({"ranks": result["ranks"]}) is None  # not a paired job
+    # Over jobs: the median of every pair's ratio, and the line of the table.
+    jobs = [{"strategy": "paired", "rep": rep, "summary": {"paired": figures.paired_comparison(
+        _paired_result(steps, order))}} for rep, steps in enumerate(
+        [[100, 110, 120, 100], [100, 95, 99, 100]])]
+    for job in jobs:  # summarize needs every figure of a job; only "paired" matters here
+        job["summary"].update(_minimal_summary())
+    summary = figures.summarize(jobs, ["paired"], 512)
+    others = [{**job, "strategy": "balanced"} for job in jobs]
+    assert "paired" not in figures.summarize(others, ["balanced"], 512)  # paired jobs only
+    paired = summary["paired"]
+    assert paired["paper_over_default_step"] == pytest.approx((0.99 + 1.1) / 2)  # of 4 pairs
+    assert paired["pair_ratios_per_rep"] == [pytest.approx([1.1, 1.2]), pytest.approx([0.95, 0.99])]
+    line = next(l for l in driver.format_summary({**summary, "targets": {}}).splitlines()
+                if l.startswith("paired, "))
+    assert "paper / default step time: 1.045 (median of 4 pairs" in line
+
+
+def _minimal_summary():
+    return {"busy_s": [0.1, 0.1], "wait_s": [0.01, 0.01], "local_batches": [310, 202],
+            "steps_per_epoch": 4, "steady_epoch_s": 0.4, "epoch_s": [1.0, 0.4], "step_s": 0.1,
+            "efficiency": 1.0, "efficiency_ceiling": 1.0, "efficiency_total": 1.0,
+            "benchmark_phase_s": 0.0, "benchmark_share": 0.0, "benchmark_share_5_epochs": 0.0,
+            "run_s": 1.4, "busy_over_predicted": None, "final_loss": 1.0}
+
+
+def test_the_paired_strategy_needs_pairs_of_epochs():
+    with pytest.raises(SystemExit, match="--epochs must be even; got 3"):
+        driver.main(["--strategies", "paired", "--epochs", "3", "--out", "/dev/null"])
+
+
 @pytest.mark.parametrize("make", [models.make_images, models.make_tokens])
 def test_realistic_data_is_seeded_and_held_out_apart(make):
     import numpy as np
@@ -374,3 +428,33 @@ def test_smoke_benchmark_reports_every_figure(tmp_path):
     assert len(set(balanced["local_batches"])) > 1, balanced["local_batches"]
     assert 0 < balanced["benchmark_share"] < 1
     assert "efficiency>=0.95" in report["targets"]
+
+
+@needs_emulation
+@pytest.mark.timeout(300)
+def test_a_paired_job_runs_each_plan_in_the_epochs_it_names(tmp_path):
+    out = tmp_path / "paired.json"
+    done = run_command(
+        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--strategies", "paired", "--out", out,
+         "--job-timeout", "150"], rank_env(), timeout=280, emulated=True)
+    assert done.returncode == 0, done.stdout[-3000:]
+    report = json.loads(out.read_text())
+    result = report["jobs"][0]["result"]
+    paired, first = result["paired"], result["paired"]["first_compared"]
+    assert paired["order"] == ["default", "paper"] and 2 <= first <= 1 + settings.PAIRED_FIND_EPOCHS
+    last = result["replans"][-1]  # the default's last round: at its last epoch's end
+    assert (last["epoch"], last["step"]) == (first - 1, 0)
+    assert paired["settled"] == (not last["changed"] or last["reverted"])
+    assert paired["settled"] or first == 1 + settings.PAIRED_FIND_EPOCHS  # else it went on
+    assert sum(paired["paper"]) == sum(paired["default"]) == 256
+    assert paired["default"] == result["local_batches"]  # the default LoadBalancer's plan
+    assert paired["paper"][0] > paired["paper"][1]  # the full core got more than the half core
+    for rank, record in enumerate(result["ranks"]):
+        assert len(record["epoch_s"]) == first + 2
+        assert record["local_batch_per_epoch"][0] == paired["paper"][rank]  # the paper's epoch
+        for k, name in enumerate(paired["order"]):  # the compared epochs ran the plan named
+            assert record["local_batch_per_epoch"][first + k] == paired[name][rank]
+    comparison = report["jobs"][0]["summary"]["paired"]
+    assert len(comparison["pair_ratios"]) == 1 and comparison["pair_ratios"][0] > 0
+    assert report["paired"]["paper_over_default_step"] == comparison["pair_ratios"][0]
+    assert "paired, paper / default step time:" in done.stdout

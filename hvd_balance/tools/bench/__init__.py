@@ -30,7 +30,14 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   the default before the first-steps start (kept for older commands);
 - ``telemetry`` (only when asked for): no benchmark phase; equal batches first, re-planned
   every third of an epoch from the measured busy times (``LoadBalancer(benchmark=False,
-  rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's.
+  rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's;
+- ``paired`` (only when asked for): the paper's plan and the default's compared inside one
+  job, so that the job's own speed (the shared machine's load while it ran) is the same for
+  both: one epoch of ``proportional`` (its benchmark, then its plan), two of
+  ``LoadBalancer(data)`` (its plan at their end is the default's), then ``--epochs`` epochs
+  (an even number) alternating the two plans, kept, in mirrored pairs (default, paper, paper,
+  default, ...). Its summary line ``paired, paper / default step time`` is the median over
+  pairs of the paper's median step / the default's (:func:`figures.paired_comparison`).
 
 Models (``--model``): ``cnn`` (16x16x1 images), ``mlp`` (256 features), ``tiny`` (smoke
 runs), and two realistic ones (:mod:`hvd_balance.tools.bench.models`): ``resnet``, a ResNet-8

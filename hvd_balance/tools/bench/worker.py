@@ -331,16 +331,26 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
 
     1. One epoch of the ``proportional`` strategy (its benchmark before ``fit``, then its
        plan): the paper's plan.
-    2. :data:`PAIRED_FIND_EPOCHS` epochs of ``LoadBalancer(data)`` with every default, from
-       equal batches: its plan at their end is the default's.
+    2. ``LoadBalancer(data)`` with every default, from equal batches, until the plan it
+       settles on is judged (:func:`_settled`), at most :data:`PAIRED_FIND_EPOCHS` epochs:
+       its plan then is the default's.
     3. ``args.epochs`` epochs, each a ``fit`` of one epoch with the plan given and kept
        (``LoadBalancer(data, plan)``), in :func:`paired_order`.
 
     Returns ``(the default's LoadBalancer, the epochs' records, {"paper": batches,
     "default": batches, "order": each compared epoch's plan name, "first_compared": the
-    index of the first compared epoch})``.
+    index of the first compared epoch, "settled": whether the default's plan was judged})``.
     """
+    import tensorflow as tf
+
     import hvd_balance
+
+    class StopWhenSettled(tf.keras.callbacks.Callback):
+        """Ends ``fit`` after an epoch whose round left the default's plan judged (the
+        history is the same on every rank, so every rank stops at the same epoch)."""
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = _settled(default.history, epoch)
 
     fits = []
 
@@ -354,14 +364,32 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
                                      **benchmark_options)
     fit(0, 1, [*callbacks, before, paper, after])
     default = hvd_balance.LoadBalancer(data, verbose=0)
-    fit(1, PAIRED_FIND_EPOCHS, [default])
+    fit(1, PAIRED_FIND_EPOCHS, [default, StopWhenSettled()])
+    first = 1 + len(fits[-1].end_at)
     plans = {"paper": paper.plan, "default": default.plan}
     order = paired_order(args.epochs)
     for k, name in enumerate(order):
-        fit(1 + PAIRED_FIND_EPOCHS + k, 1, [hvd_balance.LoadBalancer(data, plans[name], verbose=0)])
+        fit(first + k, 1, [hvd_balance.LoadBalancer(data, plans[name], verbose=0)])
     return default, _Epochs(fits), {
         "paper": list(plans["paper"].batch_sizes), "default": list(plans["default"].batch_sizes),
-        "order": order, "first_compared": 1 + PAIRED_FIND_EPOCHS}
+        "order": order, "first_compared": first, "settled": _settled(default.history, first - 1)}
+
+
+def _settled(history, epoch: int) -> bool:
+    """Whether the LoadBalancer's round at the end of ``epoch`` left a plan its rules have
+    judged: it kept the plan in force, or reverted a change to the plan before it. ``False``
+    when it adopted a change (judged by the next window's step, not yet measured) or made
+    no round at that epoch's end (the first steps' plan made mid-epoch is not such a round).
+
+    >>> _settled([{"epoch": 1, "step": 3, "changed": True, "reverted": False}], 1)
+    False
+    >>> _settled([{"epoch": 1, "step": 0, "changed": True, "reverted": True}], 1)
+    True
+    """
+    last = history[-1] if history else None
+    if last is None or last["epoch"] != epoch or last["step"] != 0:
+        return False
+    return not last["changed"] or bool(last["reverted"])
 
 
 def heldout_accuracy(model, x, y, batch_size: int = 256):
