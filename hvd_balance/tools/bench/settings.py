@@ -23,10 +23,10 @@ def telemetry_window(steps_per_epoch: int) -> int:
     """Steps per re-planning window of the ``telemetry`` strategy: a third of an epoch, and
     more than the LoadBalancer's minimum of timed steps in a window (``MIN_SAMPLES``)."""
     return max(MIN_SAMPLES + 1, steps_per_epoch // 3)
-# A paired job lets LoadBalancer(data) find its plan for at most this many epochs: until an
-# epoch-end round keeps the plan in force or reverts a change (a plan its own rules judged by
-# the step it measured), not one the last round has just adopted and not yet judged.
-PAIRED_FIND_EPOCHS = 4
+# A paired job lets LoadBalancer(data) find its plan for at most this many epochs: until its
+# epoch-end rounds settle (worker._settled: a revert, or two rounds in a row that kept the
+# plan), not on a change the last round has just adopted and never measured.
+PAIRED_FIND_EPOCHS = 5
 
 
 def paired_order(epochs: int):

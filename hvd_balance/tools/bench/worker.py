@@ -331,9 +331,9 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
 
     1. One epoch of the ``proportional`` strategy (its benchmark before ``fit``, then its
        plan): the paper's plan.
-    2. ``LoadBalancer(data)`` with every default, from equal batches, until the plan it
-       settles on is judged (:func:`_settled`), at most :data:`PAIRED_FIND_EPOCHS` epochs:
-       its plan then is the default's.
+    2. ``LoadBalancer(data)`` with every default, from equal batches, until its rounds
+       settle (:func:`_settled`), at most :data:`PAIRED_FIND_EPOCHS` epochs: its plan then
+       is the default's.
     3. ``args.epochs`` epochs, each a ``fit`` of one epoch with the plan given and kept
        (``LoadBalancer(data, plan)``), in :func:`paired_order`.
 
@@ -376,20 +376,28 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
 
 
 def _settled(history, epoch: int) -> bool:
-    """Whether the LoadBalancer's round at the end of ``epoch`` left a plan its rules have
-    judged: it kept the plan in force, or reverted a change to the plan before it. ``False``
-    when it adopted a change (judged by the next window's step, not yet measured) or made
-    no round at that epoch's end (the first steps' plan made mid-epoch is not such a round).
+    """Whether the LoadBalancer's rounds up to the end of ``epoch`` left a plan its rules have
+    judged and would keep: the round at that epoch's end reverted a change (the plan restored
+    is held), or it and the epoch-end round before it both kept the plan in force (so the
+    second had two windows of the same batches, which the steady-imbalance rule needs).
+    ``False`` after a round that adopted a change (judged by the next window's step, not yet
+    measured). The first steps' plan, made mid-epoch, is not an epoch-end round.
 
-    >>> _settled([{"epoch": 1, "step": 3, "changed": True, "reverted": False}], 1)
+    >>> kept = {"step": 0, "changed": False, "reverted": False}
+    >>> _settled([{"epoch": 1, "step": 3, "changed": True, "reverted": False},
+    ...           {**kept, "epoch": 1}], 1)
     False
+    >>> _settled([{**kept, "epoch": 1}, {**kept, "epoch": 2}], 2)
+    True
     >>> _settled([{"epoch": 1, "step": 0, "changed": True, "reverted": True}], 1)
     True
     """
-    last = history[-1] if history else None
-    if last is None or last["epoch"] != epoch or last["step"] != 0:
+    rounds = [h for h in history if h["step"] == 0]
+    if not rounds or rounds[-1]["epoch"] != epoch:
         return False
-    return not last["changed"] or bool(last["reverted"])
+    if rounds[-1]["changed"]:
+        return bool(rounds[-1]["reverted"])
+    return len(rounds) >= 2 and not rounds[-2]["changed"]
 
 
 def heldout_accuracy(model, x, y, batch_size: int = 256):
