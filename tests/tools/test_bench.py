@@ -193,9 +193,30 @@ def _minimal_summary():
             "run_s": 1.4, "busy_over_predicted": None, "final_loss": 1.0}
 
 
-def test_the_paired_strategy_needs_pairs_of_epochs():
+def test_the_paired_strategy_needs_pairs_of_epochs_of_2_steps():
     with pytest.raises(SystemExit, match="--epochs must be even; got 3"):
-        driver.main(["--strategies", "paired", "--epochs", "3", "--out", "/dev/null"])
+        driver.main(["--strategies", "uniform, paired", "--epochs", "3", "--out", "/dev/null"])
+    with pytest.raises(SystemExit, match="2 steps an epoch or more; --samples 600 gives 1"):
+        driver.main(["--strategies", "paired", "--epochs", "2", "--samples", "600",
+                     "--global-batch", "512", "--out", "/dev/null"])
+
+
+def _round(epoch, step=0, changed=False, reverted=False, threshold=0.08):
+    return {"epoch": epoch, "step": step, "changed": changed, "reverted": reverted,
+            "threshold": threshold}
+
+
+@pytest.mark.parametrize("history, epoch, settled", [
+    ([_round(1, step=3, changed=True), _round(1), _round(2)], 2, True),  # kept twice
+    ([_round(1, step=3, changed=True), _round(1, changed=True, reverted=True)], 1, True),
+    ([_round(1), _round(2, changed=True)], 2, False),  # a change not yet measured
+    ([_round(1), _round(2, step=3, changed=True)], 2, False),  # mid-epoch: not a round's end
+    ([_round(1), _round(2)], 3, False),  # no round at this epoch's end
+    ([_round(1, changed=True), _round(2)], 2, False),  # one window of these batches only
+    ([_round(1, threshold=None), _round(2, threshold=None)], 2, False),  # nothing decided
+])
+def test_the_default_settles_on_a_revert_or_two_rounds_that_kept_its_plan(history, epoch, settled):
+    assert worker._settled(history, epoch) is settled
 
 
 @pytest.mark.parametrize("make", [models.make_images, models.make_tokens])
@@ -443,14 +464,9 @@ def test_a_paired_job_runs_each_plan_in_the_epochs_it_names(tmp_path):
     paired, first = result["paired"], result["paired"]["first_compared"]
     assert paired["order"] == ["default", "paper"] and 2 <= first <= 1 + settings.PAIRED_FIND_EPOCHS
     rounds = [r for r in result["replans"] if r["step"] == 0]  # the default's epoch-end rounds
-    assert rounds[-1]["epoch"] == first - 1
-    assert paired["settled"] == worker._settled(result["replans"], first - 1)
-    if paired["settled"]:  # a revert, or two rounds in a row keeping the plan
-        assert rounds[-1]["reverted"] or not (rounds[-1]["changed"] or rounds[-2]["changed"])
-    else:
-        assert first == 1 + settings.PAIRED_FIND_EPOCHS  # it ran out of epochs
+    assert [r["epoch"] for r in rounds] == list(range(1, first))  # one per epoch of its own
+    assert paired["settled"] or first == 1 + settings.PAIRED_FIND_EPOCHS  # else it went on
     assert sum(paired["paper"]) == sum(paired["default"]) == 256
-    assert paired["default"] == result["local_batches"]  # the default LoadBalancer's plan
     assert paired["paper"][0] > paired["paper"][1]  # the full core got more than the half core
     for rank, record in enumerate(result["ranks"]):
         assert len(record["epoch_s"]) == first + 2

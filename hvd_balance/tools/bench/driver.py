@@ -271,7 +271,8 @@ def format_summary(report: Dict[str, Any]) -> str:
     paired = report.get("paired")
     if paired:
         lines.append(f"paired, paper / default step time: {paired['paper_over_default_step']:.3f} "
-                     f"(median of {sum(map(len, paired['pair_ratios_per_rep']))} pairs; per job "
+                     f"(median of {sum(map(len, paired['pair_ratios_per_rep']))} pairs; per job, "
+                     f"its median paper step / median default step "
                      f"{_fmt_list(paired['ratio_per_rep'], 1, '{:.3f}')})")
     if report.get("balanced_vs_proportional"):
         lines.append(f"proportional / balanced epoch time: "
@@ -381,9 +382,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise SystemExit(f"hvd_balance.bench: --{key.replace('_', '-')} must be >= 1; "
                              f"got {getattr(args, key)}")
-    if "paired" in args.strategies.split(",") and args.epochs % 2:
-        raise SystemExit(f"hvd_balance.bench: the paired strategy compares its plans in pairs "
-                         f"of epochs: --epochs must be even; got {args.epochs}")
+    if "paired" in [s.strip() for s in args.strategies.split(",")]:
+        if args.epochs % 2:
+            raise SystemExit(f"hvd_balance.bench: the paired strategy compares its plans in "
+                             f"pairs of epochs: --epochs must be even; got {args.epochs}")
+        if args.samples // args.global_batch < 2:  # its first step of each epoch is left out
+            raise SystemExit(f"hvd_balance.bench: the paired strategy needs 2 steps an epoch or "
+                             f"more; --samples {args.samples} gives "
+                             f"{args.samples // args.global_batch} of --global-batch {args.global_batch}")
     if args.heldout < 0:
         raise SystemExit(f"hvd_balance.bench: --heldout must be >= 0; got {args.heldout}")
     if args.batch_norm == "sync" and args.model == "resnet" and not sync_batch_norm_available():

@@ -108,8 +108,17 @@ def first_steps_plan_at(replans: Sequence[Dict[str, Any]]) -> Optional[int]:
     return int(first["step"]) if first and first["epoch"] == 0 and first["step"] > 0 else None
 
 
-def steady_epochs(num_epochs: int) -> List[int]:
-    """The epochs whose figures count: 2nd and later (the 1st traces the step), or the only one."""
+def steady_epochs(num_epochs: int, paired: Optional[Dict[str, Any]] = None) -> List[int]:
+    """The epochs whose figures count: 2nd and later (the 1st traces the step), or the only one;
+    in a paired job, the compared epochs of the default's plan (the job's row in the table is
+    that plan's: the paper's is in the paired comparison).
+
+    >>> steady_epochs(4), steady_epochs(6, {"first_compared": 3, "order": ["default", "paper"]})
+    ([1, 2, 3], [3])
+    """
+    if paired:
+        first = int(paired["first_compared"])
+        return [first + k for k, name in enumerate(paired["order"]) if name == "default"]
     return list(range(1, num_epochs)) if num_epochs > 1 else [0]
 
 
@@ -161,7 +170,7 @@ def paired_comparison(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 def summarize_job(result: Dict[str, Any]) -> Dict[str, Any]:
     """One job's medians from its per-rank records (see :func:`run_worker` for the input)."""
     ranks = result["ranks"]
-    epochs = steady_epochs(len(ranks[0]["epoch_s"]))
+    epochs = steady_epochs(len(ranks[0]["epoch_s"]), result.get("paired"))
     busy = [[t for e in epochs for t in r["busy_s"][e]] for r in ranks]
     wait = [[t for e in epochs for t in r["wait_s"][e]] for r in ranks]
     eff = step_efficiency(busy)

@@ -259,9 +259,12 @@ def run_worker(args) -> int:
     eval_s = time.time() - eval_begin
 
     # An epoch lasts from the end of the previous one (the last step's allreduce ends on all
-    # ranks together) to its own end, so it includes every rank's work between epochs.
+    # ranks together) to its own end, so it includes every rank's work between epochs; in a
+    # paired job, whose epochs are separate fits, from its own beginning.
     epoch_s = [recorder.end_at[0] - recorder.begin_at[0]] + [
         b - a for a, b in zip(recorder.end_at, recorder.end_at[1:])]
+    if paired is not None:
+        epoch_s = [b - a for a, b in zip(recorder.begin_at, recorder.end_at)]
     mine = {"rank": rank, "local_batch": data.local_batch_size, "epoch_s": epoch_s,
             "epoch_begin_at": recorder.begin_at, "epoch_end_at": recorder.end_at,
             "busy_s": recorder.busy_s, "wait_s": recorder.wait_s, "loss": recorder.loss,
@@ -350,7 +353,8 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
         history is the same on every rank, so every rank stops at the same epoch)."""
 
         def on_epoch_end(self, epoch, logs=None):
-            self.model.stop_training = _settled(default.history, epoch)
+            if _settled(default.history, epoch):  # never cancels a stop asked for elsewhere
+                self.model.stop_training = True
 
     fits = []
 
@@ -378,12 +382,14 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
 def _settled(history, epoch: int) -> bool:
     """Whether the LoadBalancer's rounds up to the end of ``epoch`` left a plan its rules have
     judged and would keep: the round at that epoch's end reverted a change (the plan restored
-    is held), or it and the epoch-end round before it both kept the plan in force (so the
-    second had two windows of the same batches, which the steady-imbalance rule needs).
-    ``False`` after a round that adopted a change (judged by the next window's step, not yet
-    measured). The first steps' plan, made mid-epoch, is not an epoch-end round.
+    is held), or it and the epoch-end round before it both decided to keep the plan in force
+    (so the second had two windows of the same batches, which the steady-imbalance rule
+    needs). ``False`` after a round that adopted a change (judged by the next window's step,
+    not yet measured), and for a round that decided nothing (too few timed steps: no
+    ``threshold`` in its record). The first steps' plan, made mid-epoch, is not an epoch-end
+    round.
 
-    >>> kept = {"step": 0, "changed": False, "reverted": False}
+    >>> kept = {"step": 0, "changed": False, "reverted": False, "threshold": 0.08}
     >>> _settled([{"epoch": 1, "step": 3, "changed": True, "reverted": False},
     ...           {**kept, "epoch": 1}], 1)
     False
@@ -397,7 +403,11 @@ def _settled(history, epoch: int) -> bool:
         return False
     if rounds[-1]["changed"]:
         return bool(rounds[-1]["reverted"])
-    return len(rounds) >= 2 and not rounds[-2]["changed"]
+
+    def kept(round_):
+        return not round_["changed"] and round_["threshold"] is not None
+
+    return len(rounds) >= 2 and kept(rounds[-1]) and kept(rounds[-2])
 
 
 def heldout_accuracy(model, x, y, batch_size: int = 256):
