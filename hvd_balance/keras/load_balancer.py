@@ -89,7 +89,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             plan's batches must meet it. Without it, rank 0 warns
             (:class:`~hvd_balance.keras.small_batch_check.SmallBatchWarning`) when the first
             plan is applied (train begin, or the first steps' plan) and the model has
-            unsynchronized ``BatchNormalization`` and a rank's batch is below 16 samples.
+            unsynchronized ``BatchNormalization`` and a rank's batch is below 16 samples; once
+            per ``fit`` (or at a plan benchmarked mid-``fit``, if none warned before).
         benchmark: ``False`` skips the benchmark phase: training starts from equal batches and
             re-planning (``rebalance``, required then) finds the balance from the telemetry of
             the real steps: proportional after the first 3 steps (or, with ``rebalance=K``, the
@@ -191,6 +192,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._last: List[Dict[str, float]] = []
         self._calibration_at: Optional[int] = None  # the step the first real steps' plan starts
         self._without_curves = False  # no benchmark yet in a job that started from equal batches
+        self._warned_small_batches = False  # the SmallBatchWarning is given once per fit
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
@@ -295,14 +297,22 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             print(plan.table() if self._calibration_at is None else
                   f"hvd_balance: equal batches for the first {self._calibration_at} steps, "
                   "then a plan made from their step times", file=sys.stdout, flush=True)
-        if collective.rank() == 0:
-            small_batch_check.warn_small_batches(self.model, plan)
+        self._warned_small_batches = False
+        self._warn_small_batches(plan)
         telemetry = telemetry_of(self.model.optimizer)
         if telemetry is not None:
             telemetry.reset()
         elif self.rebalance != "off":
             raise TypeError("rebalancing needs the step telemetry of hvd_balance.DistributedOptimizer; "
                             f"the model's optimizer is {type(self.model.optimizer).__name__}")
+
+    def _warn_small_batches(self, plan: Plan) -> None:
+        """On rank 0, the :class:`SmallBatchWarning` for ``plan`` if it has a rank below the
+        floor, once per ``fit``: at the first plan that does (train begin, the first steps'
+        plan, or a benchmark made mid-``fit``), not again at each later one."""
+        if collective.rank() == 0 and not self._warned_small_batches:
+            self._warned_small_batches = (
+                small_batch_check.warn_small_batches(self.model, plan) is not None)
 
     def _apply(self, plan: Plan, step: int = 0) -> None:
         """Apply ``plan`` to the data from ``step`` of the current epoch; the weight now
@@ -401,8 +411,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                                          else decision.threshold),
                               batch_sizes=list(decision.plan.batch_sizes))
                 self._apply(decision.plan, step)
-                if first_steps and collective.rank() == 0:  # the first plan from real steps
-                    small_batch_check.warn_small_batches(self.model, decision.plan)
+                if first_steps:  # the first plan from real steps
+                    self._warn_small_batches(decision.plan)
+                if first_steps and collective.rank() == 0:
                     if self.verbose:  # equal batches kept, too: the user sees the plan
                         print(decision.plan.table(), file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
@@ -425,8 +436,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._without_curves = False
         self._rounds = Rounds(self.threshold, self.method, calibrating=True, paper=paper_plan(plan))
         self._apply(plan, step)
+        self._warn_small_batches(plan)
         if collective.rank() == 0:
-            small_batch_check.warn_small_batches(self.model, plan)
             if self.verbose:
                 print(f"hvd_balance: epoch {self._epoch} step {step}: the step is "
                       "communication-bound, which busy times cannot plan: benchmarked",

@@ -61,6 +61,22 @@ def test_the_warning_names_the_nested_layer_the_rank_and_both_fixes():
     assert cb.plan.batch_sizes == (8,)
 
 
+def test_the_warning_is_given_once_per_fit_however_many_small_plans_follow():
+    # A job started from equal batches warns at its first steps' plan; a plan benchmarked
+    # later in the same fit (a communication-bound window) must not warn again.
+    hvd.init()
+    cb = hvd_balance.LoadBalancer(data_of(8), verbose=0)
+    cb.set_model(nested_bn_model())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cb._warned_small_batches = False  # as on_train_begin leaves it
+        cb._warn_small_batches(hvd_balance.Plan.from_batch_sizes([64]))  # no small rank
+        cb._warn_small_batches(hvd_balance.Plan.from_batch_sizes([8]))
+        cb._warn_small_batches(hvd_balance.Plan.from_batch_sizes([1]))
+    texts = [str(w.message) for w in caught if issubclass(w.category, SmallBatchWarning)]
+    assert len(texts) == 1 and "rank 0: 8" in texts[0]
+
+
 def test_the_message_names_every_small_rank_of_a_larger_plan():
     # The demo's plan on the emulated 1.0 / 0.25-core pair.
     text = small_batch_message(nested_bn_model(), hvd_balance.Plan.from_batch_sizes([125, 3]))
