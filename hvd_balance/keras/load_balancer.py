@@ -413,8 +413,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 self._apply(decision.plan, step)
                 if first_steps:  # the first plan from real steps
                     self._warn_small_batches(decision.plan)
-                if first_steps and collective.rank() == 0:
-                    if self.verbose:  # equal batches kept, too: the user sees the plan
+                    if self.verbose and collective.rank() == 0:  # equal batches kept, too
                         print(decision.plan.table(), file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
                     what = (f"restored the plan before, which measured a "
