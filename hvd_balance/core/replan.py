@@ -24,8 +24,10 @@ own share of them runs at its slow speed, more so the more work it was given. Wh
 large (communication-bound steps), a plan that equalizes busy times can make the step *longer*
 (measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
-next window measures (busy + wait, seconds per step): a change that made the step longer by
-more than :data:`UNDO_MARGIN` (5 %) is reverted, and the plan reverted to is held until the
+next window measures (busy + wait, seconds per step): a change whose step is longer by more
+than :data:`UNDO_MARGIN` (5 %) than the plan before would take at that window's speeds
+(:meth:`Trial.step_before_now`, so a rank slowing down meanwhile is not blamed on the plan) is
+reverted, and the plan reverted to is held until the
 ranks' relative speeds drift by more than the threshold plus the noise allowance
 (:class:`Rounds`). Where a window is communication-bound (:data:`COMMUNICATION_BOUND`), busy
 times cannot say which plan is faster, so the first such window, before any change busy times
@@ -188,8 +190,9 @@ class Decision:
         efficiency: measured balance efficiency ``mean_i m_i / max_i m_i`` of the window.
         busy_s: the measured busy seconds per step of each rank.
         reverted: whether ``plan`` is the plan before the last change, restored because the
-            change did not shorten the measured step (``gain`` is then the measured
-            ``1 - step before / step after``).
+            change did not shorten the measured step (``gain`` is then ``1 - step before /
+            step after``, the step before re-timed at the speeds measured after:
+            :meth:`Trial.step_before_now`).
         explored: whether ``plan`` is the paper's rule, tried against the plan in force because
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
         threshold: the gain the planner's proposal needed, before the noise allowance (a
@@ -372,6 +375,26 @@ class Trial:
     busy_s: Tuple[float, ...]
     hold_if_kept: bool = False
 
+    def step_before_now(self, busy_s: Sequence[float]) -> float:
+        """The step the plan before would take at the speeds of the window that ran the new
+        plan (seconds per step): its measured ``step_s`` with its slowest busy time replaced
+        by the slowest that window's curves give at its batches, ``step_s - max_i busy_i +
+        max_i t_i(before_i)``, where ``t_i`` is rank ``i``'s curve scaled through the window's
+        busy time ``busy_s[i]`` (:func:`corrected_curves`). A trial is judged against this
+        rather than against ``step_s``, so a rank, or the whole machine, slowing down while it
+        runs is not blamed on the plan. CI: rank 1 slowed by 15 ms a step in the window that
+        tried ``(132, 124)``; the step grew from 20.5 to 30.0 ms and the change was undone,
+        though at that window's speeds ``(122, 134)`` would have taken 33.1 ms.
+
+        >>> trial = Trial(Plan.from_batch_sizes([132, 124]), Plan.from_batch_sizes([122, 134]),
+        ...               step_s=0.0205, busy_s=(0.0124, 0.0167))
+        >>> round(trial.step_before_now([0.0158, 0.0271]), 4)
+        0.0331
+        """
+        curves = corrected_curves(self.plan, busy_s)
+        retimed = max(curve(b) for curve, b in zip(curves, self.before.batch_sizes))
+        return self.step_s - max(self.busy_s) + float(retimed)
+
 
 @dataclasses.dataclass(frozen=True)
 class Rounds:
@@ -449,14 +472,16 @@ class Rounds:
         # A change the busy times predicted is undone when the step grew by more than
         # UNDO_MARGIN (noise); the paper's plan, which nothing predicted, is kept only if its
         # step was not longer.
+        # Both are compared with the plan before at this window's speeds (Trial.step_before_now).
         margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN
-        if trial is not None and step_s is not None and step_s > trial.step_s * (1.0 + margin):
+        before_s = trial.step_before_now(busy) if trial is not None else None
+        if trial is not None and step_s is not None and step_s > before_s * (1.0 + margin):
             measured[key] = math.inf
-            revert = Decision(trial.before, True, 1.0 - trial.step_s / step_s, efficiency, busy,
+            revert = Decision(trial.before, True, 1.0 - before_s / step_s, efficiency, busy,
                               reverted=True)
             return revert, dataclasses.replace(state, held=(trial.before, trial.busy_s))
         if trial is not None and step_s is not None and trial.hold_if_kept:
-            kept = Decision(plan, False, 1.0 - step_s / trial.step_s, efficiency, busy)
+            kept = Decision(plan, False, 1.0 - step_s / before_s, efficiency, busy)
             return kept, dataclasses.replace(state, held=(plan, busy))
         if self.held is not None:
             held_plan, reference = self.held

@@ -59,7 +59,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     does a steady imbalance (the same rank the busiest in two windows of the same batches:
     :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the
     next window's measured step time (busy + wait): a change
-    that made the step longer (by more than 5 %) is undone, and the plan restored is kept
+    whose step is longer (by more than 5 %) than the plan before would take at the speeds
+    that window measured is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than
     ``threshold`` plus the noise
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a

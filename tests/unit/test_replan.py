@@ -273,6 +273,33 @@ def test_a_change_within_the_noise_of_the_step_is_kept():
     assert undone.reverted and undone.plan.batch_sizes == start.batch_sizes
 
 
+def test_a_trial_is_judged_at_the_speeds_of_the_window_that_ran_it():
+    # CI (test_plan_follows_a_rank_that_slows_down): a change decided at 2 %, then rank 1
+    # slowed by 15 ms a step in the very window that ran it. The step grew 47 %, but the plan
+    # before would have grown more: the change is kept, and the same round moves work off
+    # rank 1 (the former rule undid it and moved work one epoch later).
+    def busy(per_sample_s, batches):
+        return [t * b for t, b in zip(per_sample_s, batches)]
+
+    start = Plan.from_batch_sizes([122, 134])
+    d, rounds = Rounds().next(start, busy([0.0124 / 122, 0.0167 / 134], start.batch_sizes),
+                              step_s=0.0205)
+    trial = d.plan
+    assert d.changed and trial.batch_sizes[1] < 134
+    after, _ = rounds.next(trial, busy([0.0158 / 132, 0.0271 / 124], trial.batch_sizes),
+                           step_s=0.0300)
+    assert not after.reverted and after.changed
+    assert after.plan.batch_sizes[1] < trial.batch_sizes[1] - 20
+    # the whole machine 20 % slower while the trial runs: its plan is not to blame either
+    machine = busy([1.2 * 0.0124 / 122, 1.2 * 0.0167 / 134], trial.batch_sizes)
+    kept, _ = rounds.next(trial, machine, step_s=1.2 * 0.0205)
+    assert not kept.reverted and kept.plan.batch_sizes == trial.batch_sizes
+    # the same speeds, a step 6 % longer: the plan is to blame
+    same = busy([0.0124 / 122, 0.0167 / 134], trial.batch_sizes)
+    undone, _ = rounds.next(trial, same, step_s=rounds.trial.step_before_now(same) * 1.06)
+    assert undone.reverted and undone.plan.batch_sizes == start.batch_sizes
+
+
 def test_drifted_compares_the_ranks_shares_of_the_busy_time():
     assert not drifted([0.1, 0.2], [0.104, 0.196], 0.08)
     assert drifted([0.1, 0.2], [0.1, 0.26], 0.08)  # rank 1 30 % slower: share +8 %, rank 0 -17 %
