@@ -26,7 +26,7 @@ large (communication-bound steps), a plan that equalizes busy times can make the
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
 next window measures (busy + wait, seconds per step): a change whose step is longer by more
 than :data:`UNDO_MARGIN` (5 %) than the plan before would take at that window's speeds
-(:meth:`Trial.step_before_now`, so a rank slowing down meanwhile is not blamed on the plan) is
+(:meth:`Trial.step_before_now`: a rank slowing down meanwhile is not blamed on the plan) is
 reverted, and the plan reverted to is held until the
 ranks' relative speeds drift by more than the threshold plus the noise allowance
 (:class:`Rounds`). Where a window is communication-bound (:data:`COMMUNICATION_BOUND`), busy
@@ -191,7 +191,7 @@ class Decision:
         busy_s: the measured busy seconds per step of each rank.
         reverted: whether ``plan`` is the plan before the last change, restored because the
             change did not shorten the measured step (``gain`` is then ``1 - step before /
-            step after``, the step before re-timed at the speeds measured after:
+            step after``, the step before at the speeds measured after:
             :meth:`Trial.step_before_now`).
         explored: whether ``plan`` is the paper's rule, tried against the plan in force because
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
@@ -377,23 +377,31 @@ class Trial:
 
     def step_before_now(self, busy_s: Sequence[float]) -> float:
         """The step the plan before would take at the speeds of the window that ran the new
-        plan (seconds per step): its measured ``step_s`` with its slowest busy time replaced
-        by the slowest that window's curves give at its batches, ``step_s - max_i busy_i +
-        max_i t_i(before_i)``, where ``t_i`` is rank ``i``'s curve scaled through the window's
-        busy time ``busy_s[i]`` (:func:`corrected_curves`). A trial is judged against this
-        rather than against ``step_s``, so a rank, or the whole machine, slowing down while it
-        runs is not blamed on the plan. CI: rank 1 slowed by 15 ms a step in the window that
-        tried ``(132, 124)``; the step grew from 20.5 to 30.0 ms and the change was undone,
-        though at that window's speeds ``(122, 134)`` would have taken 33.1 ms.
+        plan (seconds per step), as far as that window shows a slowdown: ``step_s + max(0,
+        max_i(b_i + m_i - p_i) - max_i b_i)``, with ``b_i`` the busy times before
+        (``busy_s`` of the trial), ``m_i`` the window's (the argument) and ``p_i`` what the
+        plan before's curves, scaled through ``b_i`` (:func:`corrected_curves`), predict at
+        the new batches. A rank whose busy time exceeds its prediction is taken to have
+        slowed by the excess, a fixed cost per step (a delay, a co-located job), which the
+        plan before would have paid too. A trial is judged against this rather than against
+        ``step_s``, so a rank, or the whole machine, slowing down while it runs is not blamed
+        on the plan. Busy times below their prediction change nothing: a prediction is least
+        sure at a batch far from the one measured, and the judgement stays the step time's.
+        CI: rank 1 slowed by 15 ms a step in the window that tried ``(132, 124)``; the step
+        grew from 20.5 to 30.0 ms and the change was undone, though by this estimate
+        ``(122, 134)`` would have taken 32.1 ms.
 
         >>> trial = Trial(Plan.from_batch_sizes([132, 124]), Plan.from_batch_sizes([122, 134]),
         ...               step_s=0.0205, busy_s=(0.0124, 0.0167))
         >>> round(trial.step_before_now([0.0158, 0.0271]), 4)
-        0.0331
+        0.0321
+        >>> trial.step_before_now([0.0130, 0.0150])   # as predicted or faster: the step before
+        0.0205
         """
-        curves = corrected_curves(self.plan, busy_s)
-        retimed = max(curve(b) for curve, b in zip(curves, self.before.batch_sizes))
-        return self.step_s - max(self.busy_s) + float(retimed)
+        curves = corrected_curves(self.before, self.busy_s)
+        excess = max(b + float(m) - c(new) for b, m, c, new
+                     in zip(self.busy_s, busy_s, curves, self.plan.batch_sizes))
+        return self.step_s + max(0.0, excess - max(self.busy_s))
 
 
 @dataclasses.dataclass(frozen=True)
