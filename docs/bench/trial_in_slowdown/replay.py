@@ -1,0 +1,28 @@
+"""Every revert recorded in docs/bench: would Trial.step_before_now's rule undo it too?
+Run from the repository root: python docs/bench/trial_in_slowdown/replay.py"""
+import gzip, json, glob
+def hists(o):
+    if isinstance(o, dict):
+        for v in o.values():
+            if isinstance(v, list) and v and isinstance(v[0], dict) and "reverted" in v[0] and "busy_ms" in v[0]:
+                yield v
+            else:
+                yield from hists(v)
+    elif isinstance(o, list):
+        for v in o: yield from hists(v)
+for f in sorted(glob.glob('docs/bench/**/*.json.gz', recursive=True)):
+    d = json.load(gzip.open(f))
+    for h in hists(d):
+        for i, r in enumerate(h):
+            if not r.get("reverted"): continue
+            t = h[i - 1]   # the round that decided the trial; its busy/step are the plan before's
+            margin = 0.0 if t.get("explored") else 0.05
+            # Trial.step_before_now: each rank's busy time before plus the trial's excess over
+            # its prediction (here in proportion to batch: the records hold no curves), never
+            # below the step before
+            excess = max(mo + mn - mo * b1 / b0 for mo, mn, b0, b1
+                         in zip(t["busy_ms"], r["busy_ms"], r["batch_sizes"], t["batch_sizes"]))
+            now = t["step_ms"] + max(0.0, excess - max(t["busy_ms"]))
+            print(f"{f.split('/')[-1]:58s} epoch {r['epoch']} {'paper' if margin == 0 else 'busy '} "
+                  f"before {t['step_ms']:6.1f} re-timed {now:6.1f} trial {r['step_ms']:6.1f} ms: "
+                  f"undone {r['step_ms'] > (1 + margin) * now}")
