@@ -25,9 +25,9 @@ large (communication-bound steps), a plan that equalizes busy times can make the
 (measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
 after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
 next window measures (busy + wait, seconds per step): a change whose step is longer by more
-than :data:`UNDO_MARGIN` (5 %) than the plan before would take at that window's speeds
-(:meth:`Trial.step_before_now`: a rank slowing down meanwhile is not blamed on the plan) is
-reverted, and the plan reverted to is held until the
+than :data:`UNDO_MARGIN` (5 %) than the plan before would take at that window's speeds (its
+own step, plus any slowdown the window proves: a rank that did no more work in more time,
+:meth:`Trial.step_before_now`) is reverted, and the plan reverted to is held until the
 ranks' relative speeds drift by more than the threshold plus the noise allowance
 (:class:`Rounds`). Where a window is communication-bound (:data:`COMMUNICATION_BOUND`), busy
 times cannot say which plan is faster, so the first such window, before any change busy times
@@ -96,8 +96,8 @@ def calibration_step(steps_per_epoch: int, every: int = 1,
 # corrects a known bias, not noise. It needs a predicted gain above this (2 %) plus the
 # window's noise allowance; later rounds need :data:`DEFAULT_THRESHOLD`.
 CALIBRATION_THRESHOLD = 0.02
-# A change is undone when the step it measured is longer than the step before by more than
-# this (a fraction). With the plan fixed, one epoch's mean step against the next differed by a
+# A change is undone when the step it measured is longer than the step before (plus any
+# slowdown its window proves, Trial.step_before_now) by more than this (a fraction). With the plan fixed, one epoch's mean step against the next differed by a
 # median of 2.6 %, under 5 % in 39 of 48 pairs, on this shared machine (BENCHMARKS.md), so a
 # smaller margin would undo good changes on noise; busy times' own standard errors (up to 4.5 %
 # on a quarter core) say little about the step's mean.
@@ -375,33 +375,36 @@ class Trial:
     busy_s: Tuple[float, ...]
     hold_if_kept: bool = False
 
-    def step_before_now(self, busy_s: Sequence[float]) -> float:
+    def step_before_now(self, busy_s: Sequence[float],
+                        noise: Optional[Sequence[Optional[float]]] = None) -> float:
         """The step the plan before would take at the speeds of the window that ran the new
-        plan (seconds per step), as far as that window shows a slowdown: ``step_s + max(0,
-        max_i(b_i + m_i - p_i) - max_i b_i)``, with ``b_i`` the busy times before
-        (``busy_s`` of the trial), ``m_i`` the window's (the argument) and ``p_i`` what the
-        plan before's curves, scaled through ``b_i`` (:func:`corrected_curves`), predict at
-        the new batches. A rank whose busy time exceeds its prediction is taken to have
-        slowed by the excess, a fixed cost per step (a delay, a co-located job), which the
-        plan before would have paid too. A trial is judged against this rather than against
-        ``step_s``, so a rank, or the whole machine, slowing down while it runs is not blamed
-        on the plan. Busy times below their prediction change nothing: a prediction is least
-        sure at a batch far from the one measured, and the judgement stays the step time's.
-        CI: rank 1 slowed by 15 ms a step in the window that tried ``(132, 124)``; the step
-        grew from 20.5 to 30.0 ms and the change was undone, though by this estimate
-        ``(122, 134)`` would have taken 32.1 ms.
+        plan, as far as that window proves a slowdown (seconds per step): ``step_s + max(0,
+        max_i r_i - max_i b_i)``. Here ``b_i`` is rank ``i``'s busy time before (the trial's
+        ``busy_s``), and ``r_i`` is its busy time in the window, ``m_i`` (the argument), where
+        its batch did not grow and ``m_i`` exceeds ``b_i`` by more than the window's noise
+        allowance (:func:`noise_allowance` of ``noise``, relative standard errors), else
+        ``b_i``. Such a rank did no more work in more time: it slowed down, and under the plan
+        before, with a batch no smaller, it would have been busy at least ``m_i``. No curve
+        enters the bound, so a cost the curves miss (a fixed cost per step, read as
+        proportional) is never taken for a slowdown, and a rank given more work proves
+        nothing. A trial is judged against this rather than against ``step_s``, so a rank,
+        or the whole machine, slowing down while it runs is not blamed on the plan. CI: rank
+        1 slowed by 15 ms a step in the window that tried ``(132, 124)``; the step grew from
+        20.5 to 30.0 ms and the change was undone, though ``(122, 134)`` would have taken at
+        least 30.9 ms.
 
         >>> trial = Trial(Plan.from_batch_sizes([132, 124]), Plan.from_batch_sizes([122, 134]),
         ...               step_s=0.0205, busy_s=(0.0124, 0.0167))
-        >>> round(trial.step_before_now([0.0158, 0.0271]), 4)
-        0.0321
-        >>> trial.step_before_now([0.0130, 0.0150])   # as predicted or faster: the step before
+        >>> round(trial.step_before_now([0.0158, 0.0271], noise=[0.032, 0.011]), 4)
+        0.0309
+        >>> trial.step_before_now([0.0130, 0.0150])   # no rank with less work got slower
         0.0205
         """
-        curves = corrected_curves(self.before, self.busy_s)
-        excess = max(b + float(m) - c(new) for b, m, c, new
-                     in zip(self.busy_s, busy_s, curves, self.plan.batch_sizes))
-        return self.step_s + max(0.0, excess - max(self.busy_s))
+        allowance = noise_allowance(noise)
+        bound = max(m if new <= old and m > b * (1.0 + allowance) else b
+                    for b, m, new, old in zip(self.busy_s, (float(m) for m in busy_s),
+                                              self.plan.batch_sizes, self.before.batch_sizes))
+        return self.step_s + max(0.0, bound - max(self.busy_s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,7 +485,7 @@ class Rounds:
         # step was not longer.
         # Both are compared with the plan before at this window's speeds (Trial.step_before_now).
         margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN
-        before_s = trial.step_before_now(busy) if trial is not None else None
+        before_s = trial.step_before_now(busy, noise) if trial is not None else None
         if trial is not None and step_s is not None and step_s > before_s * (1.0 + margin):
             measured[key] = math.inf
             revert = Decision(trial.before, True, 1.0 - before_s / step_s, efficiency, busy,

@@ -274,33 +274,49 @@ def test_a_change_within_the_noise_of_the_step_is_kept():
 
 
 def test_a_trial_is_judged_at_the_speeds_of_the_window_that_ran_it():
-    # CI (test_plan_follows_a_rank_that_slows_down): a change decided at 2 %, then rank 1
-    # slowed by 15 ms a step in the very window that ran it. The step grew 47 %, but the plan
-    # before would have grown more: the change is kept, and the same round moves work off
-    # rank 1 (the former rule undid it and moved work one epoch later).
-    def busy(per_sample_s, batches):
-        return [t * b for t, b in zip(per_sample_s, batches)]
+    # CI (test_plan_follows_a_rank_that_slows_down): a change, then rank 1 slowed by 15 ms a
+    # step in the very window that ran it. The step grew 60 %, but rank 1 did less work in
+    # more time, and the plan before would have paid its delay too: the change is kept, and
+    # the same round moves work off rank 1 (the former rule undid it, putting work back on it).
+    wait = 0.0205 - 0.0167  # the collectives' own time, seconds per step
+
+    def busy(batches, delay=(0.0, 0.0)):
+        return [0.0124 / 122 * batches[0] + delay[0], 0.0167 / 134 * batches[1] + delay[1]]
 
     start = Plan.from_batch_sizes([122, 134])
-    d, rounds = Rounds().next(start, busy([0.0124 / 122, 0.0167 / 134], start.batch_sizes),
-                              step_s=0.0205)
+    d, rounds = Rounds().next(start, busy(start.batch_sizes), step_s=0.0205)
     trial = d.plan
     assert d.changed and trial.batch_sizes[1] < 134
-    after, _ = rounds.next(trial, busy([0.0158 / 132, 0.0271 / 124], trial.batch_sizes),
-                           step_s=0.0300)
+    slowed = busy(trial.batch_sizes, delay=(0.0, 0.015))
+    after, _ = rounds.next(trial, slowed, step_s=max(slowed) + wait)
+    assert max(slowed) + wait > 1.5 * 0.0205
     assert not after.reverted and after.changed
     assert after.plan.batch_sizes[1] < trial.batch_sizes[1] - 20
-    # every rank 10 ms a step slower while the trial runs (a co-located job): its plan is
-    # not to blame either
-    machine = [m + 0.010 for m in busy([0.0124 / 122, 0.0167 / 134], trial.batch_sizes)]
-    kept, _ = rounds.next(trial, machine, step_s=0.0205 + 0.010)
+    # every rank 10 ms a step slower while the trial runs (a co-located job): not the plan
+    machine = busy(trial.batch_sizes, delay=(0.010, 0.010))
+    kept, _ = rounds.next(trial, machine, step_s=max(machine) + wait)
     assert not kept.reverted and kept.plan.batch_sizes == trial.batch_sizes
-    # busy times below the prediction are no reason to undo: the step time judges
-    faster = busy([0.8 * 0.0124 / 122, 0.8 * 0.0167 / 134], trial.batch_sizes)
-    assert rounds.trial.step_before_now(faster) == rounds.trial.step_s
     # the same speeds, a step 6 % longer: the plan is to blame
-    same = busy([0.0124 / 122, 0.0167 / 134], trial.batch_sizes)
-    undone, _ = rounds.next(trial, same, step_s=rounds.trial.step_before_now(same) * 1.06)
+    same = busy(trial.batch_sizes)
+    assert rounds.trial.step_before_now(same) == rounds.trial.step_s
+    undone, _ = rounds.next(trial, same, step_s=0.0205 * 1.06)
+    assert undone.reverted and undone.plan.batch_sizes == start.batch_sizes
+    # a rise within the window's noise allowance proves nothing
+    assert rounds.trial.step_before_now([same[0], 1.05 * same[1]], noise=[0.03, 0.03]) == 0.0205
+
+
+def test_a_fixed_cost_the_curves_miss_is_no_slowdown():
+    # Rank 1 pays 25 ms a step whatever its batch; equal batches have no curves, so the plan
+    # busy times predict is proportional and wrong. Moving work off rank 1 shortens its busy
+    # time far less than predicted: nothing slowed down, and a step 30 % longer is undone.
+    def busy(batches):
+        return [0.0001 * batches[0], 0.025 + 0.0001 * batches[1]]
+
+    start = Plan.uniform(256, 2)
+    d, rounds = Rounds().next(start, busy(start.batch_sizes), step_s=max(busy(start.batch_sizes)))
+    assert d.changed and d.plan.batch_sizes[1] < 128
+    assert rounds.trial.step_before_now(busy(d.plan.batch_sizes)) == rounds.trial.step_s
+    undone, _ = rounds.next(d.plan, busy(d.plan.batch_sizes), step_s=1.3 * rounds.trial.step_s)
     assert undone.reverted and undone.plan.batch_sizes == start.batch_sizes
 
 
