@@ -11,7 +11,8 @@ for v in ("old", "new"):
         line = " | ".join(f"e{x['epoch']}{'C' if x['changed'] else ''}{'R' if x['reverted'] else ''} "
                           f"{x['batch_sizes']} {x['step_ms']:.1f}" for x in h)
         print(v, f.split("/")[-2], f.split("/")[-1], line)
-        if h[0]["changed"]:  # its trial ran in the first slow window, judged at epoch 1's round
-            coinc.append(f"{h[0]['batch_sizes']} {'undone' if h[1]['reverted'] else 'kept'}: "
-                         f"rank 1 {h[0]['batch_sizes'][1]} -> {h[1]['batch_sizes'][1]}")
+        k = max(i for i, x in enumerate(h) if x["epoch"] == 0)  # epoch 0's last round
+        if h[k]["changed"]:  # its trial ran in the first slow window, judged at epoch 1's round
+            coinc.append(f"{h[k]['batch_sizes']} {'undone' if h[k + 1]['reverted'] else 'kept'}: "
+                         f"rank 1 {h[k]['batch_sizes'][1]} -> {h[k + 1]['batch_sizes'][1]}")
     print(v, "epoch-0 changes and their verdict in the first slow window:", coinc)
