@@ -97,10 +97,11 @@ def calibration_step(steps_per_epoch: int, every: int = 1,
 # window's noise allowance; later rounds need :data:`DEFAULT_THRESHOLD`.
 CALIBRATION_THRESHOLD = 0.02
 # A change is undone when the step it measured is longer than the step before (plus any
-# slowdown its window proves, Trial.step_before_now) by more than this (a fraction). With the plan fixed, one epoch's mean step against the next differed by a
-# median of 2.6 %, under 5 % in 39 of 48 pairs, on this shared machine (BENCHMARKS.md), so a
-# smaller margin would undo good changes on noise; busy times' own standard errors (up to 4.5 %
-# on a quarter core) say little about the step's mean.
+# slowdown its window proves, Trial.step_before_now) by more than this (a fraction). With the
+# plan fixed, one epoch's mean step against the next differed by a median of 2.6 %, under 5 %
+# in 39 of 48 pairs, on this shared machine (BENCHMARKS.md), so a smaller margin would undo
+# good changes on noise; busy times' own standard errors (up to 4.5 % on a quarter core) say
+# little about the step's mean.
 UNDO_MARGIN = 0.05
 # A step lasting this many times the largest busy time is communication-bound: busy times
 # cover less than 40 % of the step and do not predict it (:func:`communication_bound`).
@@ -191,7 +192,7 @@ class Decision:
         busy_s: the measured busy seconds per step of each rank.
         reverted: whether ``plan`` is the plan before the last change, restored because the
             change did not shorten the measured step (``gain`` is then ``1 - step before /
-            step after``, the step before at the speeds measured after:
+            step after``, the step before plus any slowdown the window after proves:
             :meth:`Trial.step_before_now`).
         explored: whether ``plan`` is the paper's rule, tried against the plan in force because
             the step is communication-bound (``gain`` is then 0: nothing predicts it).

@@ -8,9 +8,7 @@ one of the two runs.
 import numpy as np
 import pytest
 
-from hvd_balance.core.plan import Plan
-from hvd_balance.core.replan import (DEFAULT_THRESHOLD, Trial, calibration_step, drifted,
-                                     noise_allowance)
+from hvd_balance.core.replan import DEFAULT_THRESHOLD, calibration_step, drifted, noise_allowance
 from support import run_ranks
 
 SCRIPT = "tests/rank_scripts/drift_fit.py"
@@ -161,10 +159,8 @@ def test_a_change_that_lengthens_the_step_is_undone_and_held():
     assert first["changed"] and first["batch_sizes"][1] > 64 and not first["reverted"], first
     assert undo["reverted"] and undo["changed"] and undo["batch_sizes"] == [192, 64], undo
     assert undo["step_ms"] > 1.3 * first["step_ms"], (first, undo)  # about 2x: 384 against 192 ms
-    # the gain compares the plan before at the speeds of the window that undid the change
-    # (a given plan has no curves: busy time in proportion to batch)
-    trial = Trial(Plan.from_batch_sizes(first["batch_sizes"]), Plan.from_batch_sizes(undo["batch_sizes"]),
-                  step_s=first["step_ms"], busy_s=tuple(first["busy_ms"]))
-    assert undo["gain"] == pytest.approx(1 - trial.step_before_now(undo["busy_ms"]) / undo["step_ms"])
+    # steady speeds, rank 0 given less work: no slowdown proven (Trial.step_before_now), so
+    # the gain compares with the step the plan before measured
+    assert undo["gain"] == pytest.approx(1 - first["step_ms"] / undo["step_ms"])
     assert [h["changed"] for h in later] == [False, False], later  # held: no swing back
     assert a["plans"] == [[192, 64], first["batch_sizes"], [192, 64], [192, 64]]
