@@ -394,6 +394,16 @@ class Trial:
         20.5 to 30.0 ms and the change was undone, though ``(122, 134)`` would have taken at
         least 30.9 ms.
 
+        Limits. The bound adds the rise to the whole step before, so it holds where the
+        busiest rank set that step; where a rank's cost outside its busy time (a slow rank's
+        share of a collective) set it, part of a rise could have hidden in that wait. It
+        gives no credit for the work a trial moved off a slowed rank (live, a trial that
+        moved 44 samples off the slowed rank was still undone: 39.3 ms against a bound of
+        36.4 ms, where the plan before, paying the same 15 ms delay, would have taken about
+        43), so it narrows rather than closes the case. And it needs every collective inside the step to be timed as wait
+        (:mod:`hvd_balance.keras.telemetry`; ``hvd_balance.SyncBatchNormalization`` is): an
+        untimed one counts a rank's waiting as busy time, which grows as its work shrinks.
+
         >>> trial = Trial(Plan.from_batch_sizes([132, 124]), Plan.from_batch_sizes([122, 134]),
         ...               step_s=0.0205, busy_s=(0.0124, 0.0167))
         >>> round(trial.step_before_now([0.0158, 0.0271], noise=[0.032, 0.011]), 4)

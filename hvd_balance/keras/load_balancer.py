@@ -60,8 +60,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the
     next window's measured step time (busy + wait): a change
     whose step is longer (by more than 5 %) than the plan before would take at that window's
-    speeds (its own step, plus the slowdown of any rank that did no more work in more time)
-    is undone, and the plan restored is kept
+    speeds (its own step, plus the slowdown of any rank that did no more work in more time,
+    beyond the noise) is undone, and the plan restored is kept
     until the ranks' relative speeds (shares of the busy time) drift by more than
     ``threshold`` plus the noise
     (:class:`hvd_balance.core.replan.Rounds`): balancing busy times can lengthen a
@@ -418,8 +418,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     if self.verbose and collective.rank() == 0:  # equal batches kept, too
                         print(decision.plan.table(), file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
-                    what = (f"restored the plan before, whose step was "
-                            f"{100 * decision.gain:.1f}% shorter" if decision.reverted else
+                    what = (f"restored the plan before, its step {100 * decision.gain:.1f}% "
+                            f"shorter (with any slowdown proven)" if decision.reverted else
                             "communication-bound step: trying the paper's proportional plan"
                             if decision.explored else
                             f"re-planned for a predicted {100 * decision.gain:.1f}% shorter step")
