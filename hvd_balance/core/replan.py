@@ -379,13 +379,14 @@ class Trial:
     def step_before_now(self, busy_s: Sequence[float],
                         noise: Optional[Sequence[Optional[float]]] = None) -> float:
         """The step the plan before would take at the speeds of the window that ran the new
-        plan, as far as that window proves a slowdown (seconds per step): ``step_s + max(0,
-        max_i r_i - max_i b_i)``. Here ``b_i`` is rank ``i``'s busy time before (the trial's
-        ``busy_s``), and ``r_i`` is its busy time in the window, ``m_i`` (the argument), where
-        its batch did not grow and ``m_i`` exceeds ``b_i`` by more than the window's noise
-        allowance (:func:`noise_allowance` of ``noise``, relative standard errors), else
-        ``b_i``. Such a rank did no more work in more time: it slowed down, and under the plan
-        before, with a batch no smaller, it would have been busy at least ``m_i``. No curve
+        plan, as far as that window proves a slowdown (seconds per step): ``step_s + max_i r_i -
+        max_i b_i``, never below ``step_s`` (each ``r_i >= b_i``). Here ``b_i`` is rank
+        ``i``'s busy time before (the trial's ``busy_s``), and ``r_i`` is its busy time in the
+        window, ``m_i`` (the argument), where its batch did not grow and ``m_i`` exceeds
+        ``b_i`` by more than the window's noise allowance (:func:`noise_allowance` of
+        ``noise``, relative standard errors), else ``b_i``. Such a rank did no more work in
+        more time: it slowed down, and under the plan before, with a batch no smaller, it
+        would have been busy at least ``m_i``. No curve
         enters the bound, so a cost the curves miss (a fixed cost per step, read as
         proportional) is never taken for a slowdown, and a rank given more work proves
         nothing. A trial is judged against this rather than against ``step_s``, so a rank,
@@ -400,9 +401,10 @@ class Trial:
         gives no credit for the work a trial moved off a slowed rank (live, a trial that
         moved 44 samples off the slowed rank was still undone: 39.3 ms against a bound of
         36.4 ms, where the plan before, paying the same 15 ms delay, would have taken about
-        43), so it narrows rather than closes the case. And it needs every collective inside the step to be timed as wait
-        (:mod:`hvd_balance.keras.telemetry`; ``hvd_balance.SyncBatchNormalization`` is): an
-        untimed one counts a rank's waiting as busy time, which grows as its work shrinks.
+        43), so it narrows rather than closes the case. And it needs every collective inside
+        the step to be timed as wait (:mod:`hvd_balance.keras.telemetry`;
+        ``hvd_balance.SyncBatchNormalization`` is): an untimed one counts a rank's waiting as
+        busy time, which grows as its work shrinks.
 
         >>> trial = Trial(Plan.from_batch_sizes([132, 124]), Plan.from_batch_sizes([122, 134]),
         ...               step_s=0.0205, busy_s=(0.0124, 0.0167))
@@ -415,7 +417,7 @@ class Trial:
         bound = max(m if new <= old and m > b * (1.0 + allowance) else b
                     for b, m, new, old in zip(self.busy_s, (float(m) for m in busy_s),
                                               self.plan.batch_sizes, self.before.batch_sizes))
-        return self.step_s + max(0.0, bound - max(self.busy_s))
+        return self.step_s + (bound - max(self.busy_s))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,16 +495,17 @@ class Rounds:
                 state, trial=trial)
         # A change the busy times predicted is undone when the step grew by more than
         # UNDO_MARGIN (noise); the paper's plan, which nothing predicted, is kept only if its
-        # step was not longer.
-        # Both are compared with the plan before at this window's speeds (Trial.step_before_now).
+        # step was not longer. Both against the step before plus any slowdown this window
+        # proves (Trial.step_before_now).
         margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN
-        before_s = trial.step_before_now(busy, noise) if trial is not None else None
-        if trial is not None and step_s is not None and step_s > before_s * (1.0 + margin):
+        before_s = (trial.step_before_now(busy, noise)
+                    if trial is not None and step_s is not None else None)
+        if before_s is not None and step_s > before_s * (1.0 + margin):
             measured[key] = math.inf
             revert = Decision(trial.before, True, 1.0 - before_s / step_s, efficiency, busy,
                               reverted=True)
             return revert, dataclasses.replace(state, held=(trial.before, trial.busy_s))
-        if trial is not None and step_s is not None and trial.hold_if_kept:
+        if before_s is not None and trial.hold_if_kept:
             kept = Decision(plan, False, 1.0 - step_s / before_s, efficiency, busy)
             return kept, dataclasses.replace(state, held=(plan, busy))
         if self.held is not None:

@@ -26,4 +26,5 @@ for f in sorted(glob.glob('docs/bench/**/*.json.gz', recursive=True)):
             now = t["step_ms"] + max(0.0, bound - max(t["busy_ms"]))
             print(f"{f.split('/')[-1]:58s} epoch {r['epoch']} {'paper' if margin == 0 else 'busy '} "
                   f"before {t['step_ms']:6.1f} re-timed {now:6.1f} trial {r['step_ms']:6.1f} ms: "
-                  f"undone {r['step_ms'] > (1 + margin) * now}")
+                  f"undone {r['step_ms'] > (1 + margin) * now}; busy after / before per rank "
+                  f"{[round(a / b, 3) for a, b in zip(r['busy_ms'], t['busy_ms'])]}")
