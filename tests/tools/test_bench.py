@@ -182,7 +182,28 @@ def test_a_paired_job_compares_its_plans_pair_by_pair():
     assert paired["pair_ratios_per_rep"] == [pytest.approx([1.1, 1.2]), pytest.approx([0.95, 0.99])]
     line = next(l for l in driver.format_summary({**summary, "targets": {}}).splitlines()
                 if l.startswith("paired, "))
-    assert "paper / default step time: 1.045 (median of 4 pairs" in line
+    assert "paper / default step time: 1.045 (median of 4 pairs;" in line  # too few for 95 %
+    # Six pairs: [min, max] covers the median with probability 1 - 2 / 2**6.
+    jobs.append({**jobs[0], "rep": 2})
+    jobs[2]["summary"] = {**jobs[0]["summary"], "paired": figures.paired_comparison(
+        _paired_result([100, 90, 130, 100], order))}
+    summary = figures.summarize(jobs, ["paired"], 512)
+    assert summary["paired"]["interval_95"] == pytest.approx(
+        {"low": 0.9, "high": 1.3, "coverage": 1 - 2 / 64})
+    line = next(l for l in driver.format_summary({**summary, "targets": {}}).splitlines()
+                if l.startswith("paired, "))
+    assert "(median of 6 pairs, 95 % interval 0.900-1.300;" in line
+
+
+def test_the_interval_of_a_median_is_the_widest_order_statistics_that_cover_it():
+    ratios = [1.0 + k / 100 for k in range(12)]  # 1.00 ... 1.11, shuffled below
+    interval = figures.median_interval(ratios[::-1][::2] + ratios[::-1][1::2])
+    # k = 3: 1 - 2 P(Binomial(12, 1/2) <= 2) = 1 - 2 (1 + 12 + 66) / 4096 = 0.961; k = 4: 0.854.
+    assert interval == pytest.approx({"low": 1.02, "high": 1.09, "coverage": 1 - 158 / 4096})
+    assert figures.median_interval(ratios, coverage=0.8) == pytest.approx(
+        {"low": 1.03, "high": 1.08, "coverage": 1 - 2 * 299 / 4096})
+    assert figures.median_interval(ratios[:5]) is None  # [min, max] of 5 covers 0.9375
+    assert figures.median_interval([]) is None
 
 
 def _minimal_summary():

@@ -33,11 +33,14 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   rebalance=K)``); compare its ``run_5_epochs_s`` with balanced's;
 - ``paired`` (only when asked for): the paper's plan and the default's compared inside one
   job, so that the job's own speed (the shared machine's load while it ran) is the same for
-  both: one epoch of ``proportional`` (its benchmark, then its plan), two of
-  ``LoadBalancer(data)`` (its plan at their end is the default's), then ``--epochs`` epochs
-  (an even number) alternating the two plans, kept, in mirrored pairs (default, paper, paper,
-  default, ...). Its summary line ``paired, paper / default step time`` is the median over
-  pairs of the paper's median step / the default's (:func:`figures.paired_comparison`).
+  both: one epoch of ``proportional`` (its benchmark, then its plan), then
+  ``LoadBalancer(data)`` from equal batches until its epoch-end rounds settle (a revert, or
+  two rounds in a row that kept the plan; at most 5 epochs; its plan then is the default's),
+  then ``--epochs`` epochs (an even number) alternating the two plans, kept, in mirrored
+  pairs (default, paper, paper, default, ...). Its summary line ``paired, paper / default
+  step time`` is the median over pairs of the paper's median step / the default's
+  (:func:`figures.paired_comparison`), with a 95 % interval of that median from 6 pairs on
+  (:func:`figures.median_interval`).
 
 Models (``--model``): ``cnn`` (16x16x1 images), ``mlp`` (256 features), ``tiny`` (smoke
 runs), and two realistic ones (:mod:`hvd_balance.tools.bench.models`): ``resnet``, a ResNet-8

@@ -270,9 +270,12 @@ def format_summary(report: Dict[str, Any]) -> str:
                      f"{ideal['ideal_epoch_s']:.3f} s)")
     paired = report.get("paired")
     if paired:
+        interval = paired.get("interval_95")
         lines.append(f"paired, paper / default step time: {paired['paper_over_default_step']:.3f} "
-                     f"(median of {sum(map(len, paired['pair_ratios_per_rep']))} pairs; per job, "
-                     f"its median paper step / median default step "
+                     f"(median of {sum(map(len, paired['pair_ratios_per_rep']))} pairs"
+                     + (f", 95 % interval {interval['low']:.3f}-{interval['high']:.3f}"
+                        if interval else "") +
+                     f"; per job, its median paper step / median default step "
                      f"{_fmt_list(paired['ratio_per_rep'], 1, '{:.3f}')})")
     if report.get("balanced_vs_proportional"):
         lines.append(f"proportional / balanced epoch time: "
