@@ -1,0 +1,61 @@
+"""Every figure of the paired benchmark's JSON: the summary line with its 95 % interval, and
+per job the two plans, the pairs, and each plan's step, busy and wait (ms, medians over the
+plan's compared epochs but each epoch's first step, per rank).
+
+Usage: python docs/bench/first_steps/paired_table.py FILE.json[.gz] ...
+       python docs/bench/first_steps/paired_table.py --pooled FILE.json[.gz] ...
+(--pooled: one line per configuration, the name before "_paired_", over every pair of its
+files.)
+"""
+import gzip
+import json
+import statistics as st
+import sys
+
+from hvd_balance.tools.bench.figures import median_interval
+
+
+def load(path):
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
+        return json.load(f)
+
+
+def line(name, ratios):
+    iv = median_interval(ratios)
+    return (f"{name} paired, paper / default step time: {st.median(ratios):.3f} ({len(ratios)} "
+            f"pairs, {sum(r > 1 for r in ratios)} above 1, 95 % interval "
+            + (f"{iv['low']:.3f}-{iv['high']:.3f})" if iv else "none: too few pairs)"))
+
+
+def ratios_of(d):
+    return [x for p in d["paired"]["pair_ratios_per_rep"] for x in p]
+
+
+if sys.argv[1] == "--pooled":
+    pooled = {}
+    for path in sys.argv[2:]:
+        pooled.setdefault(path.split("/")[-1].split("_paired_")[0], []).extend(ratios_of(load(path)))
+    for name, ratios in pooled.items():
+        print(line(name, ratios))
+    sys.exit(0)
+
+for path in sys.argv[1:]:
+    d = load(path)
+    print(line(path.split("/")[-1], ratios_of(d)))
+    for j in d["jobs"]:
+        r = j["result"]
+        p, first = r["paired"], r["paired"]["first_compared"]
+        print(f"  rep {j['rep']}: paper {p['paper']}, default {p['default']}, settled {p['settled']} "
+              f"after {first - 1} epochs; pairs",
+              [round(x, 3) for x in j["summary"]["paired"]["pair_ratios"]])
+        for name in ("default", "paper"):
+            es = [first + k for k, n in enumerate(p["order"]) if n == name]
+
+            def med(key, rank):
+                return round(1e3 * st.median([t for e in es for t in rank[key][e][1:]]))
+
+            rank0 = r["ranks"][0]
+            step = st.median([b + w for e in es
+                              for b, w in zip(rank0["busy_s"][e][1:], rank0["wait_s"][e][1:])])
+            print(f"    {name:8s} step {1e3 * step:.0f} ms, busy", [med("busy_s", rk) for rk in r["ranks"]],
+                  "wait", [med("wait_s", rk) for rk in r["ranks"]])
