@@ -195,7 +195,7 @@ def test_a_paired_job_compares_its_plans_pair_by_pair():
     assert "(median of 6 pairs, 95 % interval 0.900-1.300;" in line
 
 
-def test_the_interval_of_a_median_is_the_widest_order_statistics_that_cover_it():
+def test_the_interval_of_a_median_is_the_innermost_order_statistics_that_cover_it():
     ratios = [1.0 + k / 100 for k in range(12)]  # 1.00 ... 1.11, shuffled below
     interval = figures.median_interval(ratios[::-1][::2] + ratios[::-1][1::2])
     # k = 3: 1 - 2 P(Binomial(12, 1/2) <= 2) = 1 - 2 (1 + 12 + 66) / 4096 = 0.961; k = 4: 0.854.

@@ -5,7 +5,7 @@ measures? Each epoch is one ``fit`` with one plan given and kept, in a mirrored 
 
 Usage (as root, from the repository root, the venv active):
   python -m hvd_balance.emulate --cpu-shares 1.0,0.25 --period-us 10000 -- \
-      python docs/bench/resnet_plans/sweep.py OUT.json 434,78 454,58 474,38 414,98
+      python docs/bench/resnet_plans/sweep.py OUT.json 437,75 417,95 457,55 477,35
 Rank 0 writes per epoch: the plan, per rank the busy and wait seconds of each step, and per
 rank the epoch's CPU seconds (every thread of the process) and wall seconds.
 """

@@ -40,7 +40,8 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   pairs (default, paper, paper, default, ...). Its summary line ``paired, paper / default
   step time`` is the median over pairs of the paper's median step / the default's
   (:func:`figures.paired_comparison`), with a 95 % interval of that median from 6 pairs on
-  (:func:`figures.median_interval`).
+  (:func:`figures.median_interval`; it takes pairs as independent, which pairs of one job
+  are not quite: compare jobs too).
 
 Models (``--model``): ``cnn`` (16x16x1 images), ``mlp`` (256 features), ``tiny`` (smoke
 runs), and two realistic ones (:mod:`hvd_balance.tools.bench.models`): ``resnet``, a ResNet-8

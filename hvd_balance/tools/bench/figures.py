@@ -20,11 +20,13 @@ def median_interval(values: Sequence[float], coverage: float = 0.95
 
     The order statistics ``x_(k) <= x_(n-k+1)`` of ``n`` independent draws cover the true
     median with probability ``1 - 2 P(K <= k - 1)``, ``K ~ Binomial(n, 1/2)`` (each draw
-    falls below the median with probability 1/2, whatever the distribution). The widest
+    falls below the median with probability 1/2, whatever the distribution). The largest
     ``k`` whose coverage is still at least ``coverage`` gives the narrowest such interval.
-    The paired strategy's pairs are taken as independent draws: a drift of the machine's
-    speed cancels in their mirrored order. Pairs of one job share its two plans, which this
-    ignores; it is an interval for pairs like these, not for jobs.
+    The paired strategy's pairs are taken as independent draws; their mirrored order keeps a
+    linear drift of the machine's speed from favouring either plan over each two pairs.
+    Pairs of one job also share whatever that job fixes (BENCHMARKS.md: identical plans
+    measured 5-8 % apart in one job), so the interval is too narrow for a statement about
+    jobs.
 
     Returns:
         ``{"low": x_(k), "high": x_(n-k+1), "coverage": its exact coverage}``, or ``None``
