@@ -160,8 +160,16 @@ def test_by_default_the_first_plan_sees_the_real_input_cost():
     assert changed and changed[0] <= 1, history
     assert [h["threshold"] for h in history[:2]] == [CALIBRATION_THRESHOLD] * 2, history
     assert history[changed[0]]["batch_sizes"][1] < 0.75 * first[1], (first, history)
-    # The later rounds are ordinary ones, with the hysteresis threshold.
-    assert all(h["threshold"] == DEFAULT_THRESHOLD for h in history[2:]), history
+    # The later rounds are ordinary ones, with the hysteresis threshold, except where a steady
+    # imbalance (replan.steady_imbalance) moved the plan at the calibration's: the window ran
+    # the same batches as the one before (that round kept its plan) with the same rank the
+    # busiest in both. (CI of 751a0a6: epoch 1's round did, at a predicted gain of 18 %.)
+    for before, h in zip(history[1:], history[2:]):
+        if h["threshold"] != DEFAULT_THRESHOLD:
+            assert h["threshold"] == CALIBRATION_THRESHOLD and h["changed"], history
+            assert not before["changed"], history
+            assert (before["busy_ms"].index(max(before["busy_ms"]))
+                    == h["busy_ms"].index(max(h["busy_ms"]))), history
 
 
 @pytest.mark.timeout(300)

@@ -1,6 +1,7 @@
 """Per plan of a sweep (sweep.py's JSON): the median over its epochs of rank 0's step (busy +
 wait, ms, each epoch's first step left out), each rank's busy and wait (ms), and each rank's
-CPU seconds per wall second over the epoch (its share of a core actually used).
+CPU seconds per wall second over the epoch (its share of a core actually used); where the
+file has them, each rank's CPU milliseconds per step by thread name (the 6 largest).
 
 Usage: python docs/bench/resnet_plans/table.py SWEEP.json
 """
@@ -28,3 +29,11 @@ for plan in plans:
     print(f"{str(plan):22s} step {1e3 * step:4.0f}  busy {[med('busy_s', i) for i in range(n)]}"
           f"  wait {[med('wait_s', i) for i in range(n)]}"
           f"  cpu/wall {[round(st.median([e['cpu_s'][i] / e['wall_s'][i] for e in es]), 2) for i in range(n)]}")
+    if "thread_cpu_s" in es[0]:
+        for i in range(n):
+            names = {}
+            for e in es:
+                for name, cpu in e["thread_cpu_s"][i].items():
+                    names.setdefault(name, []).append(1e3 * cpu / len(e["busy_s"][i]))
+            top = sorted(((st.median(v), k) for k, v in names.items()), reverse=True)[:6]
+            print(f"    rank {i} CPU ms/step by thread:", ", ".join(f"{k} {v:.0f}" for v, k in top))
