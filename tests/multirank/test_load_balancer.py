@@ -163,7 +163,8 @@ def test_by_default_the_first_plan_sees_the_real_input_cost():
     # The later rounds are ordinary ones, with the hysteresis threshold, except where a steady
     # imbalance (replan.steady_imbalance) moved the plan at the calibration's: the window ran
     # the same batches as the one before (that round kept its plan) with the same rank the
-    # busiest in both. (CI of 751a0a6: epoch 1's round did, at a predicted gain of 18 %.)
+    # busiest in both. (CI of 751a0a6: epoch 1's round recorded a threshold other than 8 % at
+    # a predicted gain of 18 %; after a kept calibration, only that rule records one.)
     for before, h in zip(history[1:], history[2:]):
         if h["threshold"] != DEFAULT_THRESHOLD:
             assert h["threshold"] == CALIBRATION_THRESHOLD and h["changed"], history
