@@ -1,6 +1,7 @@
 """Every figure of the paired benchmark's JSON: the summary line with its 95 % interval, and
-per job the two plans, the pairs, and each plan's step, busy and wait (ms, medians over the
-plan's compared epochs but each epoch's first step, per rank).
+per job the two plans, the pairs and their median, each compared epoch's step, and each
+plan's step, busy and wait (ms, medians over the plan's compared epochs but each epoch's
+first step, per rank).
 
 Usage: python docs/bench/first_steps/paired_table.py FILE.json[.gz] ...
        python docs/bench/first_steps/paired_table.py --pooled FILE.json[.gz] ...
@@ -47,7 +48,11 @@ for path in sys.argv[1:]:
         p, first = r["paired"], r["paired"]["first_compared"]
         print(f"  rep {j['rep']}: paper {p['paper']}, default {p['default']}, settled {p['settled']} "
               f"after {first - 1} epochs; pairs",
-              [round(x, 3) for x in j["summary"]["paired"]["pair_ratios"]])
+              [round(x, 3) for x in j["summary"]["paired"]["pair_ratios"]],
+              f"(median {st.median(j['summary']['paired']['pair_ratios']):.3f})")
+        c = j["summary"]["paired"]  # figures.paired_comparison: each compared epoch's step
+        print("    each compared epoch's step, ms: default",
+              [round(1e3 * t) for t in c["default_step_s"]], "paper", [round(1e3 * t) for t in c["paper_step_s"]])
         for name in ("default", "paper"):
             es = [first + k for k, n in enumerate(p["order"]) if n == name]
 

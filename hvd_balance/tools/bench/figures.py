@@ -340,9 +340,10 @@ def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batc
     # The paper's plan against the default's in the same jobs (the paired strategy).
     paired = [r["paired"] for r in per.get("paired", []) if r.get("paired")]
     if paired:
+        ratios = [r for p in paired for r in p["pair_ratios"]]
         out["paired"] = {
-            "paper_over_default_step": _median([r for p in paired for r in p["pair_ratios"]]),
-            "interval_95": median_interval([r for p in paired for r in p["pair_ratios"]]),
+            "paper_over_default_step": _median(ratios),
+            "interval_95": median_interval(ratios),
             "pair_ratios_per_rep": [p["pair_ratios"] for p in paired],
             "ratio_per_rep": [p["ratio"] for p in paired],
             "plans_per_rep": [{"paper": p["paper"], "default": p["default"]} for p in paired],
