@@ -33,7 +33,10 @@ ranks' relative speeds drift by more than the threshold plus the noise allowance
 times cannot say which plan is faster, so the first such window, before any change busy times
 predict there, tries the paper's plan from the benchmark (:func:`paper_plan`: each batch
 proportional to the rank's benchmarked throughput) against the plan in force, and the faster
-of the two, as measured, is held.
+of the two, as measured, is held. Likewise, once per job, where a rank's CPU is at its allowance
+(a cgroup quota, its pinned cores) while its step is mostly waiting (:func:`starved_rank`),
+half its work is moved to the others as a trial (:func:`offload_plan`): its collectives' threads
+share its CPU with its own work, which busy times do not see.
 """
 
 from __future__ import annotations
@@ -139,6 +142,67 @@ def communication_bound(plan: Plan, busy_s: Sequence[float], step_s: float,
     return wait + balanced >= COMMUNICATION_BOUND * balanced
 
 
+# A rank uses its whole CPU allowance when its CPU seconds per wall second reach this fraction
+# of the cores it may use (:func:`hvd_balance.core.cpu_allowance.allowed_cores`). Measured on
+# the 2-rank SyncBN ResNet (BENCHMARKS.md): the quarter-core rank used 0.88-1.0 of its quota
+# at every plan from 95 to 35 samples, the full core beside it 0.60-0.77 of its core; on 4
+# ranks, whose steps no rank's CPU limits, 0.56-0.84 (quarter cores) and 0.50-0.54 (half core).
+CPU_SATURATED = 0.9
+
+
+def starved_rank(busy_s: Sequence[float], step_s: float,
+                 cpu_load: Sequence[Optional[float]]) -> Optional[int]:
+    """The rank whose CPU the step's collectives wait for, or ``None``: the one using most of
+    its allowance among those that use at least :data:`CPU_SATURATED` of it (``cpu_load``:
+    CPU seconds per wall second over the cores it may use; ``None``: unknown) while busy for
+    at most ``1 / COMMUNICATION_BOUND`` of the step (``step_s``, seconds). Such a rank spends
+    most of its CPU outside its own work, in the collectives' threads among others, which
+    then run at its speed; less work frees CPU for them, which no busy time predicts. On the
+    2-rank SyncBN ResNet the quarter-core rank, at its quota and busy 186 of 604 ms a step at
+    75 samples, made the step 6-11 % shorter at 35 samples or fewer (BENCHMARKS.md). A rank
+    busy for most of the step is the busiest (its step is its own work): balancing busy times
+    already plans it.
+
+    >>> starved_rank([0.256, 0.186], 0.604, [0.67, 0.98])
+    1
+    >>> starved_rank([0.256, 0.186], 0.604, [0.67, 0.80]), starved_rank([0.21, 0.23], 0.24, [0.7, 1.0])
+    (None, None)
+    """
+    candidates = [(load, i) for i, (busy, load) in enumerate(zip(busy_s, cpu_load))
+                  if load is not None and load >= CPU_SATURATED
+                  and COMMUNICATION_BOUND * float(busy) <= float(step_s)]
+    return max(candidates)[1] if candidates else None
+
+
+def offload_plan(plan: Plan, busy_s: Sequence[float], rank: int, method: str = "minmax") -> Optional[Plan]:
+    """``plan`` with ``rank``'s local batch halved (not below its floor), the samples moved to
+    the other ranks by the planner over the corrected curves (:func:`corrected_curves`);
+    ``None`` where the floor leaves nothing to move or the others' caps cannot take it. The cap and floor used to plan it are not kept:
+    later rounds may move the samples back, and a trial (:class:`Rounds`) judges it by its step.
+
+    >>> offload_plan(Plan.from_batch_sizes([437, 75]), [0.256, 0.186], 1).batch_sizes
+    (475, 37)
+    """
+    batch = plan.batch_sizes[rank]
+    floors = plan.min_batch_sizes or (None,) * plan.world_size
+    cap = max(floors[rank] or 1, batch // 2)
+    if cap >= batch:
+        return None
+    caps = list(plan.max_batch_sizes or (None,) * plan.world_size)
+    caps[rank] = cap if caps[rank] is None else min(caps[rank], cap)
+    pinned = list(floors)
+    pinned[rank] = caps[rank]  # exactly half, even where its busy time alone asks for less
+    try:
+        moved = plan_batches(corrected_curves(plan, busy_s), plan.global_batch_size,
+                             max_batch_sizes=caps, min_batch_sizes=pinned,
+                             method=method, hosts=plan.hosts, devices=plan.devices,
+                             benchmark_s=plan.benchmark_s)
+    except ValueError:  # the others' memory caps cannot take the samples
+        return None
+    return dataclasses.replace(moved, max_batch_sizes=plan.max_batch_sizes,
+                               min_batch_sizes=plan.min_batch_sizes)
+
+
 def steady_imbalance(previous: Optional[Sequence[Sequence[float]]], batch_sizes: Sequence[int],
                      busy_s: Sequence[float], pooled_s: Sequence[float]) -> bool:
     """Whether one imbalance held over two windows of the same batches: the window before ran
@@ -196,6 +260,9 @@ class Decision:
             :meth:`Trial.step_before_now`).
         explored: whether ``plan`` is the paper's rule, tried against the plan in force because
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
+        offloaded: whether ``plan`` moves half of a rank's work off it, tried because that
+            rank's CPU is at its allowance while its step is mostly waiting
+            (:func:`starved_rank`, :func:`offload_plan`; ``gain`` is then 0).
         threshold: the gain the planner's proposal needed, before the noise allowance (a
             fraction of the step), or ``None`` where no proposal was judged.
     """
@@ -208,6 +275,7 @@ class Decision:
     reverted: bool = False
     explored: bool = False
     threshold: Optional[float] = None
+    offloaded: bool = False
 
 
 def balance_efficiency(busy_s: Sequence[float]) -> float:
@@ -442,6 +510,8 @@ class Rounds:
             step is communication-bound (before any change busy times predict); ``None``:
             never tried.
         explored: whether it was tried.
+        offloaded: whether a plan moving work off a rank whose CPU is at its allowance
+            (:func:`offload_plan`) was tried, once per job.
 
     Example:
         >>> rounds = Rounds(calibrating=False)
@@ -463,10 +533,12 @@ class Rounds:
     held: Optional[Tuple[Plan, Tuple[float, ...]]] = None
     paper: Optional[Plan] = None
     explored: bool = False
+    offloaded: bool = False
 
     def next(self, plan: Plan, busy_s: Sequence[float], noise: Optional[Sequence[float]] = None,
              step_s: Optional[float] = None, pooled_s: Optional[Sequence[float]] = None,
-             pooled_noise: Optional[Sequence[float]] = None) -> Tuple[Decision, "Rounds"]:
+             pooled_noise: Optional[Sequence[float]] = None,
+             cpu_load: Optional[Sequence[Optional[float]]] = None) -> Tuple[Decision, "Rounds"]:
         """One round: the decision for the window just measured under ``plan``, and the state after.
 
         Args:
@@ -478,6 +550,8 @@ class Rounds:
             pooled_s, pooled_noise: optional busy seconds per step over all windows since the
                 batches last changed, and their errors: decided from when the window alone
                 shows no clear gain (smaller error, same batches).
+            cpu_load: optional CPU seconds per wall second of each rank in the window, over
+                the cores it may use (``None`` entries: unknown), for :func:`starved_rank`.
         """
         busy = tuple(float(b) for b in busy_s)
         key = tuple(plan.batch_sizes)
@@ -513,10 +587,10 @@ class Rounds:
             if tuple(held_plan.batch_sizes) != key:  # the undo, decided earlier, is still pending
                 return Decision(held_plan, False, 0.0, efficiency, busy), state
             if not drifted(reference, busy, self.threshold + noise_allowance(noise)):
-                return (self._explore(plan, busy, step_s, state)
+                return (self._explore(plan, busy, step_s, state, cpu_load)
                         or (Decision(plan, False, 0.0, efficiency, busy), state))
             state = dataclasses.replace(state, held=None)
-        explored = self._explore(plan, busy, step_s, state)
+        explored = self._explore(plan, busy, step_s, state, cpu_load)
         if explored is not None:
             return explored
         threshold = round_threshold(self.threshold, self.calibrating)
@@ -535,17 +609,27 @@ class Rounds:
         return decision, state
 
     def _explore(self, plan: Plan, busy: Tuple[float, ...], step_s: Optional[float],
-                 state: "Rounds") -> Optional[Tuple[Decision, "Rounds"]]:
-        """The paper's plan as a trial, once per job, when the window is communication-bound
-        and that plan differs from ``plan``; else ``None``."""
+                 state: "Rounds", cpu_load: Optional[Sequence[Optional[float]]] = None
+                 ) -> Optional[Tuple[Decision, "Rounds"]]:
+        """A plan nothing predicts, as a trial held if its step is not longer, or ``None``:
+        once per job each, the paper's plan when the window is communication-bound and that
+        plan differs from ``plan``; else :func:`offload_plan` when a rank's CPU is at its
+        allowance while its step is mostly waiting (:func:`starved_rank`)."""
+        if step_s is None:
+            return None
+        tried = None
         paper = self.paper
-        if (paper is None or self.explored or step_s is None
-                or paper.batch_sizes == plan.batch_sizes
-                or state.measured.get(tuple(paper.batch_sizes)) == math.inf):
+        if (paper is not None and not self.explored and paper.batch_sizes != plan.batch_sizes
+                and state.measured.get(tuple(paper.batch_sizes)) != math.inf
+                and communication_bound(plan, busy, step_s, self.method)):
+            tried, flags = paper, dict(explored=True)
+        elif not self.offloaded and cpu_load is not None:
+            rank = starved_rank(busy, step_s, cpu_load)
+            moved = None if rank is None else offload_plan(plan, busy, rank, self.method)
+            if moved is not None and state.measured.get(tuple(moved.batch_sizes)) != math.inf:
+                tried, flags = moved, dict(offloaded=True)
+        if tried is None:
             return None
-        if not communication_bound(plan, busy, step_s, self.method):
-            return None
-        trial = Trial(paper, plan, float(step_s), busy, hold_if_kept=True)
-        return (Decision(paper, True, 0.0, balance_efficiency(busy), busy, explored=True),
-                dataclasses.replace(state, trial=trial, held=None, explored=True,
-                                    calibrating=False))
+        trial = Trial(tried, plan, float(step_s), busy, hold_if_kept=True)
+        return (Decision(tried, True, 0.0, balance_efficiency(busy), busy, **flags),
+                dataclasses.replace(state, trial=trial, held=None, calibrating=False, **flags))

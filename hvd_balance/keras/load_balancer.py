@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import sys
+import time
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -17,6 +18,7 @@ from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
+from ..core.cpu_allowance import allowed_cores
 from ..core.plan import Plan
 from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency,
                            calibration_step, communication_bound, paper_plan, robust_busy,
@@ -70,7 +72,12 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     times predict (:func:`hvd_balance.core.replan.communication_bound`), busy times do not
     predict it: without a benchmark yet, the callback benchmarks there (at the first real
     steps, or a later window); the first such window then tries the paper's proportional plan
-    from the benchmark, and the faster of the two as measured is kept.
+    from the benchmark, and the faster of the two as measured is kept. Likewise, once per
+    job, where a rank's CPU is at its allowance (a container's CPU limit or another cgroup
+    quota, or the cores it is pinned to) while it waits for two thirds of the step or more,
+    half its work is moved to the others as a trial, and the faster plan kept: its
+    collectives' threads share its CPU with its own work
+    (:func:`hvd_balance.core.replan.starved_rank`).
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -127,10 +134,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            reverted, explored, benchmarked: the round benchmarked instead (the first
+            reverted, explored, offloaded, benchmarked: the round benchmarked instead (the first
             communication-bound window of a job started from equal batches),
             threshold: the gain that round needed, batch_sizes, busy_ms,
-            busy_rse, step_ms: the window's step time), identical on every rank.
+            busy_rse, step_ms: the window's step time, cpu_load: each rank's CPU seconds per
+            wall second over the cores it may use), identical on every rank.
 
     Example:
         ```python
@@ -247,6 +255,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         data = self.data
         self.history, self._last, self._pending = [], [], {}
         self._pooled, self.plan = [], None
+        # CPU seconds over wall seconds per window, over the cores this process may use.
+        self._cores = allowed_cores()
+        self._cpu_mark = (time.process_time(), time.monotonic())
         self._epoch = data.epoch
         spe = compat.steps_per_execution(self.model)
         if isinstance(self.rebalance, int) and self.rebalance % spe:
@@ -343,7 +354,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     # -- telemetry ----------------------------------------------------------------------------
     def telemetry(self) -> List[Dict[str, float]]:
         """Per rank, the last window's ``busy_s`` (median per step), ``busy_rse`` (its relative
-        standard error), ``wait_s`` (mean per step) and ``local_batch``."""
+        standard error), ``wait_s`` (mean per step), ``local_batch`` and ``cpu_load`` (CPU
+        seconds per wall second since the window before, every thread of the process, over
+        the cores it may use: :func:`hvd_balance.core.cpu_allowance.allowed_cores`)."""
         return list(self._last)
 
     def _gather_window(self) -> List[Dict[str, float]]:
@@ -356,7 +369,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._pooled = (self._pooled + samples)[-8192:]
         pooled, pooled_noise = robust_busy(self._pooled)
         steps = raw.get("busy_steps")
-        mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
+        cpu_s, wall_s = time.process_time(), time.monotonic()
+        cpu_load = ((cpu_s - self._cpu_mark[0]) / (wall_s - self._cpu_mark[1]) / self._cores
+                    if wall_s > self._cpu_mark[1] else None)
+        self._cpu_mark = (cpu_s, wall_s)
+        mine = {"cpu_load": cpu_load, "busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
                 "pooled_busy_rse": pooled_noise,
                 "wait_s": raw["wait_s"] / steps if steps else None,
                 # end of one step to the end of the next: what the job pays per step
@@ -374,12 +391,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         steps = [w["step_s"] for w in window if w["step_s"] is not None]
         step_s = float(np.median(steps)) if len(steps) == len(window) else None
         record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
-                  "changed": False, "reverted": False, "explored": False, "benchmarked": False,
+                  "changed": False, "reverted": False, "explored": False, "offloaded": False,
+                  "benchmarked": False,
                   "threshold": None,
                   "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
                   "busy_rse": [w["busy_rse"] for w in window],
-                  "step_ms": None if step_s is None else 1e3 * step_s}
+                  "step_ms": None if step_s is None else 1e3 * step_s,
+                  "cpu_load": [w["cpu_load"] for w in window]}
         if all(b is not None and b > 0 for b in busy):
             record["efficiency"] = balance_efficiency(busy)
             replanning = self.rebalance != "off" and min(w["busy_n"] for w in window) >= min_samples
@@ -398,8 +417,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 if first_steps:  # two timed steps: a fast rank's noise is not the step's
                     noise = share_weighted_noise(noise, busy)
                 pooled_noise = [w["pooled_busy_rse"] for w in window]
+                # The first steps' window holds the step's tracing, whose CPU is no step's.
+                cpu_load = None if first_steps else record["cpu_load"]
                 decision, self._rounds = collective.agree(
-                    lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise),
+                    lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise,
+                                              cpu_load),
                     name="hvd_balance.rebalance")
                 if first_steps:
                     # Two timed steps are a coarse measure, as a benchmark is: the first full
@@ -409,6 +431,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     self._rounds = dataclasses.replace(self._rounds, calibrating=True)
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,
+                              offloaded=decision.offloaded,
                               threshold=(threshold if decision.threshold is None
                                          else decision.threshold),
                               batch_sizes=list(decision.plan.batch_sizes))
@@ -422,6 +445,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                             f"shorter (with any slowdown proven)" if decision.reverted else
                             "communication-bound step: trying the paper's proportional plan"
                             if decision.explored else
+                            "a rank waits most of the step at its CPU allowance: trying half "
+                            "its work on the others" if decision.offloaded else
                             f"re-planned for a predicted {100 * decision.gain:.1f}% shorter step")
                     print(f"hvd_balance: epoch {self._epoch} step {step}: efficiency "
                           f"{decision.efficiency:.3f}, {what}: {list(decision.plan.batch_sizes)}",

@@ -1,12 +1,14 @@
 """LoadBalancer end to end on real ranks: identical plans, equal steps, disjoint shards,
 weighted metrics, and bad input raising the same error on every rank (never a hang)."""
 
+import os
 import re
 
 import numpy as np
 import pytest
 
-from hvd_balance.core.replan import CALIBRATION_THRESHOLD, DEFAULT_THRESHOLD
+from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, COMMUNICATION_BOUND, CPU_SATURATED,
+                                     DEFAULT_THRESHOLD)
 from hvd_balance.keras.compat import KERAS3
 from support import run_ranks
 
@@ -231,3 +233,45 @@ def test_a_communication_bound_start_benchmarks_instead():
         seen = r0["indices"][epoch] + r1["indices"][epoch]
         assert len(seen) == 10 * 128 == len(set(seen))
     assert not any(h["benchmarked"] for h in r0["history"][1:])  # once
+    # Both ranks sleep in their waits: neither is at its CPU allowance, nothing is offloaded.
+    assert all(0 < load < CPU_SATURATED for h in r0["history"] for load in h["cpu_load"]), \
+        r0["history"]
+    assert not any(h["offloaded"] for h in r0["history"])
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_waiting_at_its_cpu_allowance_has_half_its_work_moved_once_as_a_trial():
+    """As above, but each rank pinned to a core and rank 1 spinning in its 150 ms wait: its
+    CPU is at its allowance while its step is mostly waiting. Once, a round moves half its
+    work to rank 0, the same on both ranks; the next round judges it by the step (kept, or
+    reverted to the plan before), and no sample is lost."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to pin the ranks apart")
+    run = run_ranks("tests/rank_scripts/first_steps_fit.py", np=2, timeout=240,
+                    args=["1", "starved"])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    r0, r1 = results[0], results[1]
+    history = r0["history"]
+    assert history == r1["history"]
+    offloads = [k for k, h in enumerate(history) if h["offloaded"]]
+    assert len(offloads) == 1 and 0 < offloads[0] < len(history) - 1, history
+    k = offloads[0]
+    before, trial, verdict = history[k - 1], history[k], history[k + 1]
+    load = trial["cpu_load"]
+    assert load[1] >= CPU_SATURATED > load[0], history  # measured, in the window it acted on
+    assert trial["step_ms"] >= COMMUNICATION_BOUND * trial["busy_ms"][1], history
+    halved = trial["batch_sizes"]
+    assert halved[1] == before["batch_sizes"][1] // 2 and sum(halved) == 128, history
+    assert trial["changed"] and not trial["explored"] and trial["gain"] == 0.0
+    # judged by the window that ran it: reverted to the plan before, or kept and held
+    assert verdict["reverted"] == (verdict["batch_sizes"] != halved), history
+    if verdict["reverted"]:
+        assert verdict["batch_sizes"] == before["batch_sizes"], history
+    assert all(h["batch_sizes"] == verdict["batch_sizes"] for h in history[k + 1:]), history
+    tried = trial["epoch"] + 1  # an epoch-end round's plan runs the next epoch
+    for rank, result in ((0, r0), (1, r1)):  # each rank computed the plan tried
+        assert result["batches"][tried] == [halved[rank]] * 10, result["batches"]
+    for epoch in range(5):
+        seen = r0["indices"][epoch] + r1["indices"][epoch]
+        assert len(seen) == 10 * 128 == len(set(seen))

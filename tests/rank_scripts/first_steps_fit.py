@@ -1,17 +1,24 @@
 """The default LoadBalancer: no benchmark, the plan made from the first real steps, mid-epoch.
 
-Usage: horovodrun -np 2 python first_steps_fit.py [STEPS_PER_EXECUTION [comm]]
+Usage: horovodrun -np 2 python first_steps_fit.py [STEPS_PER_EXECUTION [comm|starved]]
 Both ranks compute 1 ms a sample; rank 1 3 ms more (a slower device). ``LoadBalancer(data)``
 with every default, 2 epochs of 10 steps, the model compiled with ``steps_per_execution``
 (default 1). With ``comm``, a tenth of that compute and a layer that waits 150 ms a step in a
 timed collective (as ``SyncBatchNormalization`` waits for the others): a communication-bound
-step. Every step, a layer records the local batch the rank
+step. With ``starved``, the same for 5 epochs, each rank pinned to a core of its own, and rank
+1 spinning in its wait instead of sleeping: its CPU is at its allowance while its step is
+mostly waiting, as a quarter core's is in SyncBatchNormalization's collectives. Every step, a layer records the local batch the rank
 really computed. Emits per rank {"rank", "benchmark", "history", "plan", "batches" (per epoch,
 the local batch of each step), "weights" (per epoch, the gradient weight in force at each
 step), "indices" (per epoch, data.indices), "pipeline_matches_indices" (epoch 0 replayed)}.
 """
+import os
 import sys
 import time
+
+mode = sys.argv[2] if len(sys.argv) > 2 else ""
+if mode == "starved":  # before TensorFlow starts its threads, which inherit the pinning
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[int(os.environ["HOROVOD_RANK"])]})
 
 import numpy as np
 import tensorflow as tf
@@ -57,14 +64,20 @@ class CollectiveWait(tf.keras.layers.Layer):
 
         def wait(x):
             def sleep(v):
-                time.sleep(0.15)
+                if mode == "starved" and rank == 1:  # the collective's threads, on its CPU
+                    end = time.perf_counter() + 0.15
+                    while time.perf_counter() < end:
+                        pass
+                else:
+                    time.sleep(0.15)
                 return v
             return tf.ensure_shape(tf.numpy_function(sleep, [x], x.dtype), x.shape)
 
         return timed_collective(wait, inputs)
 
 
-comm = len(sys.argv) > 2 and sys.argv[2] == "comm"
+comm = mode in ("comm", "starved")
+epochs = 5 if mode == "starved" else 2
 scale = 0.1 if comm else 1.0
 tf.keras.utils.set_random_seed(1)
 model = tf.keras.Sequential([tf.keras.Input((10,)), RecordBatch(),
@@ -95,9 +108,9 @@ class Steps(tf.keras.callbacks.Callback):
 
 
 steps = Steps()
-model.fit(data, epochs=2, verbose=0,
+model.fit(data, epochs=epochs, verbose=0,
           callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, steps])
-indices = [np.concatenate(data.indices(e)).tolist() for e in range(2)]
+indices = [np.concatenate(data.indices(e)).tolist() for e in range(epochs)]
 # The pipeline replayed for epoch 0 (its plans and held step as recorded) gives data.indices(0).
 data.set_epoch(0)
 replay = np.concatenate([b[0].numpy() for b in data])
