@@ -51,8 +51,11 @@ def cpu_group_dirs(mountinfo: str, proc_cgroup: str) -> List[Tuple[int, str]]:
     is mounted.
 
     >>> mounts = "30 25 0:26 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu,cpuacct\\n"
-    >>> cpu_group_dirs(mounts, "1:cpu,cpuacct:/hvd_balance.7/rank1\\n0::/\\n")
-    [(1, '/sys/fs/cgroup/cpu/hvd_balance.7/rank1'), (1, '/sys/fs/cgroup/cpu/hvd_balance.7'), (1, '/sys/fs/cgroup/cpu')]
+    >>> for version, group in cpu_group_dirs(mounts, "1:cpu,cpuacct:/hvd_balance.7/rank1\\n0::/\\n"):
+    ...     print(version, group)
+    1 /sys/fs/cgroup/cpu/hvd_balance.7/rank1
+    1 /sys/fs/cgroup/cpu/hvd_balance.7
+    1 /sys/fs/cgroup/cpu
     >>> cpu_group_dirs("31 25 0:27 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\\n", "0::/job\\n")
     [(2, '/sys/fs/cgroup/job'), (2, '/sys/fs/cgroup')]
     """
@@ -78,7 +81,9 @@ def cpu_group_dirs(mountinfo: str, proc_cgroup: str) -> List[Tuple[int, str]]:
             path = own[key]
             if root != "/" and (path == root or path.startswith(root + "/")):
                 path = path[len(root):]  # a container sees its own group as the mount's root
-            parts = [p for p in path.split("/") if p and p != ".."]
+            parts = [p for p in path.split("/") if p and p != "."]
+            if ".." in parts:  # a group outside this process's cgroup namespace: not visible
+                return []
             return [(version, os.path.join(mount_point, *parts[:k]))
                     for k in range(len(parts), -1, -1)]
     return []

@@ -154,31 +154,37 @@ def starved_rank(busy_s: Sequence[float], step_s: float,
                  cpu_load: Sequence[Optional[float]]) -> Optional[int]:
     """The rank whose CPU the step's collectives wait for, or ``None``: the one using most of
     its allowance among those that use at least :data:`CPU_SATURATED` of it (``cpu_load``:
-    CPU seconds per wall second over the cores it may use; ``None``: unknown) while busy for
-    at most ``1 / COMMUNICATION_BOUND`` of the step (``step_s``, seconds). Such a rank spends
-    most of its CPU outside its own work, in the collectives' threads among others, which
-    then run at its speed; less work frees CPU for them, which no busy time predicts. On the
-    2-rank SyncBN ResNet the quarter-core rank, at its quota and busy 186 of 604 ms a step at
-    75 samples, made the step 6-11 % shorter at 35 samples or fewer (BENCHMARKS.md). A rank
-    busy for most of the step is the busiest (its step is its own work): balancing busy times
-    already plans it.
+    CPU seconds per wall second over the cores it may use; ``None``: unknown) while waiting
+    for the collectives themselves, not for a busier rank, for most of the step: ``busy_i +
+    (step_s - max_j busy_j) >= COMMUNICATION_BOUND * busy_i`` (seconds per step). Such a rank
+    spends most of its CPU outside its own work, in the collectives' threads among others,
+    which then run at its speed; less work frees CPU for them, which no busy time predicts.
+    On the 2-rank SyncBN ResNet the quarter-core rank, at its quota and busy 186 of 604 ms a
+    step at 75 samples (the full core 256), made the step 6-11 % shorter at 35 samples or
+    fewer (BENCHMARKS.md). A rank busy for most of its step is planned by balancing busy
+    times already, and a fast rank at its allowance that waits for a slow one (a spinning
+    wait) would only be made to wait longer.
 
     >>> starved_rank([0.256, 0.186], 0.604, [0.67, 0.98])
     1
-    >>> starved_rank([0.256, 0.186], 0.604, [0.67, 0.80]), starved_rank([0.21, 0.23], 0.24, [0.7, 1.0])
-    (None, None)
+    >>> starved_rank([0.256, 0.186], 0.604, [0.67, 0.80])   # not at its allowance
+    >>> starved_rank([0.21, 0.23], 0.24, [0.7, 1.0])   # busy for most of its step
+    >>> starved_rank([0.010, 0.030], 0.032, [0.95, 0.6])   # rank 0 waits for rank 1
     """
+    collectives_s = float(step_s) - max(float(b) for b in busy_s)
     candidates = [(load, i) for i, (busy, load) in enumerate(zip(busy_s, cpu_load))
                   if load is not None and load >= CPU_SATURATED
-                  and COMMUNICATION_BOUND * float(busy) <= float(step_s)]
+                  and float(busy) + collectives_s >= COMMUNICATION_BOUND * float(busy)]
     return max(candidates)[1] if candidates else None
 
 
-def offload_plan(plan: Plan, busy_s: Sequence[float], rank: int, method: str = "minmax") -> Optional[Plan]:
+def offload_plan(plan: Plan, busy_s: Sequence[float], rank: int,
+                 method: str = "minmax") -> Optional[Plan]:
     """``plan`` with ``rank``'s local batch halved (not below its floor), the samples moved to
     the other ranks by the planner over the corrected curves (:func:`corrected_curves`);
-    ``None`` where the floor leaves nothing to move or the others' caps cannot take it. The cap and floor used to plan it are not kept:
-    later rounds may move the samples back, and a trial (:class:`Rounds`) judges it by its step.
+    ``None`` where the floor leaves nothing to move or the others' caps cannot take it. The
+    cap and floor used to plan it are not kept: later rounds may move the samples back, and a
+    trial (:class:`Rounds`) judges it by its step.
 
     >>> offload_plan(Plan.from_batch_sizes([437, 75]), [0.256, 0.186], 1).batch_sizes
     (475, 37)
@@ -260,11 +266,11 @@ class Decision:
             :meth:`Trial.step_before_now`).
         explored: whether ``plan`` is the paper's rule, tried against the plan in force because
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
+        threshold: the gain the planner's proposal needed, before the noise allowance (a
+            fraction of the step), or ``None`` where no proposal was judged.
         offloaded: whether ``plan`` moves half of a rank's work off it, tried because that
             rank's CPU is at its allowance while its step is mostly waiting
             (:func:`starved_rank`, :func:`offload_plan`; ``gain`` is then 0).
-        threshold: the gain the planner's proposal needed, before the noise allowance (a
-            fraction of the step), or ``None`` where no proposal was judged.
     """
 
     plan: Plan
@@ -587,10 +593,11 @@ class Rounds:
             if tuple(held_plan.batch_sizes) != key:  # the undo, decided earlier, is still pending
                 return Decision(held_plan, False, 0.0, efficiency, busy), state
             if not drifted(reference, busy, self.threshold + noise_allowance(noise)):
-                return (self._explore(plan, busy, step_s, state, cpu_load)
+                return (self._explore(plan, busy, step_s, state)
+                        or self._offload(plan, busy, step_s, state, cpu_load)
                         or (Decision(plan, False, 0.0, efficiency, busy), state))
             state = dataclasses.replace(state, held=None)
-        explored = self._explore(plan, busy, step_s, state, cpu_load)
+        explored = self._explore(plan, busy, step_s, state)
         if explored is not None:
             return explored
         threshold = round_threshold(self.threshold, self.calibrating)
@@ -603,33 +610,47 @@ class Rounds:
             if again.changed:
                 decision = again
         state = dataclasses.replace(state, calibrating=False)
+        if not decision.changed:  # busy times see no better plan; the CPU may
+            offloaded = self._offload(plan, busy, step_s, state, cpu_load)
+            if offloaded is not None:
+                return offloaded
         if decision.changed and step_s is not None:
             trial = Trial(decision.plan, plan, float(step_s), busy)
             state = dataclasses.replace(state, trial=trial)
         return decision, state
 
     def _explore(self, plan: Plan, busy: Tuple[float, ...], step_s: Optional[float],
-                 state: "Rounds", cpu_load: Optional[Sequence[Optional[float]]] = None
-                 ) -> Optional[Tuple[Decision, "Rounds"]]:
-        """A plan nothing predicts, as a trial held if its step is not longer, or ``None``:
-        once per job each, the paper's plan when the window is communication-bound and that
-        plan differs from ``plan``; else :func:`offload_plan` when a rank's CPU is at its
-        allowance while its step is mostly waiting (:func:`starved_rank`)."""
-        if step_s is None:
-            return None
-        tried = None
+                 state: "Rounds") -> Optional[Tuple[Decision, "Rounds"]]:
+        """The paper's plan as a trial, once per job, when the window is communication-bound
+        and that plan differs from ``plan``; else ``None``."""
         paper = self.paper
-        if (paper is not None and not self.explored and paper.batch_sizes != plan.batch_sizes
-                and state.measured.get(tuple(paper.batch_sizes)) != math.inf
-                and communication_bound(plan, busy, step_s, self.method)):
-            tried, flags = paper, dict(explored=True)
-        elif not self.offloaded and cpu_load is not None:
-            rank = starved_rank(busy, step_s, cpu_load)
-            moved = None if rank is None else offload_plan(plan, busy, rank, self.method)
-            if moved is not None and state.measured.get(tuple(moved.batch_sizes)) != math.inf:
-                tried, flags = moved, dict(offloaded=True)
-        if tried is None:
+        if (paper is None or self.explored or step_s is None
+                or paper.batch_sizes == plan.batch_sizes
+                or state.measured.get(tuple(paper.batch_sizes)) == math.inf):
             return None
-        trial = Trial(tried, plan, float(step_s), busy, hold_if_kept=True)
-        return (Decision(tried, True, 0.0, balance_efficiency(busy), busy, **flags),
-                dataclasses.replace(state, trial=trial, held=None, calibrating=False, **flags))
+        if not communication_bound(plan, busy, step_s, self.method):
+            return None
+        return _untried(paper, plan, busy, step_s, state, explored=True)
+
+    def _offload(self, plan: Plan, busy: Tuple[float, ...], step_s: Optional[float],
+                 state: "Rounds", cpu_load: Optional[Sequence[Optional[float]]]
+                 ) -> Optional[Tuple[Decision, "Rounds"]]:
+        """:func:`offload_plan` as a trial, once per job, when a rank's CPU is at its
+        allowance while its step is mostly waiting (:func:`starved_rank`); else ``None``."""
+        if self.offloaded or step_s is None or cpu_load is None:
+            return None
+        rank = starved_rank(busy, step_s, cpu_load)
+        moved = None if rank is None else offload_plan(plan, busy, rank, self.method)
+        if moved is None or state.measured.get(tuple(moved.batch_sizes)) == math.inf:
+            return None
+        return _untried(moved, plan, busy, step_s, state, offloaded=True)
+
+
+def _untried(tried: Plan, plan: Plan, busy: Tuple[float, ...], step_s: float, state: Rounds,
+             **flag: bool) -> Tuple[Decision, Rounds]:
+    """``tried``, a plan nothing predicts, as a trial held if its step is not longer than
+    ``plan``'s; ``flag`` names why it is tried (``explored`` or ``offloaded``), in the decision
+    and the state (each is tried once per job)."""
+    trial = Trial(tried, plan, float(step_s), busy, hold_if_kept=True)
+    return (Decision(tried, True, 0.0, balance_efficiency(busy), busy, **flag),
+            dataclasses.replace(state, trial=trial, held=None, calibrating=False, **flag))

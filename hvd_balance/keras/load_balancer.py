@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -73,9 +74,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     predict it: without a benchmark yet, the callback benchmarks there (at the first real
     steps, or a later window); the first such window then tries the paper's proportional plan
     from the benchmark, and the faster of the two as measured is kept. Likewise, once per
-    job, where a rank's CPU is at its allowance (a container's CPU limit or another cgroup
-    quota, or the cores it is pinned to) while it waits for two thirds of the step or more,
-    half its work is moved to the others as a trial, and the faster plan kept: its
+    job, where busy times see no better plan and a rank's CPU is at its allowance (a
+    container's CPU limit or another cgroup quota, or the cores it is pinned to) while it
+    waits for the collectives themselves, not for a busier rank, for 60 % of its step or
+    more, half its work is moved to the others as a trial, and the faster plan kept: its
     collectives' threads share its CPU with its own work
     (:func:`hvd_balance.core.replan.starved_rank`).
 
@@ -203,6 +205,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._calibration_at: Optional[int] = None  # the step the first real steps' plan starts
         self._without_curves = False  # no benchmark yet in a job that started from equal batches
         self._warned_small_batches = False  # the SmallBatchWarning is given once per fit
+        # (process CPU s, wall s) where the window's CPU count starts, and where validation
+        # began: validation (evaluate, too) is no training step's work.
+        self._cpu_mark = self._cpu_paused = None
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
@@ -255,9 +260,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         data = self.data
         self.history, self._last, self._pending = [], [], {}
         self._pooled, self.plan = [], None
-        # CPU seconds over wall seconds per window, over the cores this process may use.
+        # Each window's CPU seconds per wall second, over the cores this process may use:
+        # from the end of its first step (not the step's tracing, a benchmark or the epoch's
+        # start), validation left out.
         self._cores = allowed_cores()
-        self._cpu_mark = (time.process_time(), time.monotonic())
+        self._cpu_mark = self._cpu_paused = None
         self._epoch = data.epoch
         spe = compat.steps_per_execution(self.model)
         if isinstance(self.rebalance, int) and self.rebalance % spe:
@@ -369,11 +376,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._pooled = (self._pooled + samples)[-8192:]
         pooled, pooled_noise = robust_busy(self._pooled)
         steps = raw.get("busy_steps")
-        cpu_s, wall_s = time.process_time(), time.monotonic()
-        cpu_load = ((cpu_s - self._cpu_mark[0]) / (wall_s - self._cpu_mark[1]) / self._cores
-                    if wall_s > self._cpu_mark[1] else None)
-        self._cpu_mark = (cpu_s, wall_s)
-        mine = {"cpu_load": cpu_load, "busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
+        mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
+                "cpu_load": self._cpu_load(),
                 "pooled_busy_rse": pooled_noise,
                 "wait_s": raw["wait_s"] / steps if steps else None,
                 # end of one step to the end of the next: what the job pays per step
@@ -381,6 +385,15 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 "local_batch": self.plan.batch_sizes[self.data.rank]}
         self._last = collective.allgather_object(mine, name="hvd_balance.keras.telemetry")
         return self._last
+
+    def _cpu_load(self) -> Optional[float]:
+        """CPU seconds per wall second since the mark (every thread of the process), over the
+        cores it may use, or ``None`` without a mark; the next window starts unmarked."""
+        mark, self._cpu_mark = self._cpu_mark, None
+        if mark is None:
+            return None
+        cpu_s, wall_s = time.process_time() - mark[0], time.monotonic() - mark[1]
+        return cpu_s / wall_s / self._cores if wall_s > 0 else None
 
     def _replan(self, window, step: int, first_steps: bool = False) -> None:
         """One re-planning round on ``window``, the plan it decides in force from ``step``
@@ -417,7 +430,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 if first_steps:  # two timed steps: a fast rank's noise is not the step's
                     noise = share_weighted_noise(noise, busy)
                 pooled_noise = [w["pooled_busy_rse"] for w in window]
-                # The first steps' window holds the step's tracing, whose CPU is no step's.
+                # Two steps are too few to tell a CPU at its allowance.
                 cpu_load = None if first_steps else record["cpu_load"]
                 decision, self._rounds = collective.agree(
                     lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise,
@@ -460,7 +473,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self.model, self.data, method=self.method, batch_sizes=self.benchmark_batches,
             repeats=self.repeats, min_batch_size=self.min_batch_size)
         self._without_curves = False
-        self._rounds = Rounds(self.threshold, self.method, calibrating=True, paper=paper_plan(plan))
+        # Once per job: an offload tried before, and any plan undone, stay so.
+        barred = {k: v for k, v in self._rounds.measured.items() if v == math.inf}
+        self._rounds = Rounds(self.threshold, self.method, calibrating=True, paper=paper_plan(plan),
+                              measured=barred, offloaded=self._rounds.offloaded)
         self._apply(plan, step)
         self._warn_small_batches(plan)
         if collective.rank() == 0:
@@ -485,6 +501,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._in_force(plan)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._cpu_mark is None:  # the window's CPU is counted from its first step's end
+            self._cpu_mark = (time.process_time(), time.monotonic())
         if self._calibration_at is not None and batch + 1 >= self._calibration_at:
             try:  # every timed step of the window counts (the first step is never timed)
                 self._replan(self._gather_window(), self._calibration_at, first_steps=True)
@@ -497,6 +515,16 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         effective = batch + 1 + k
         if effective < self.data.steps:
             self._replan(self._gather_window(), effective)
+
+    def on_test_begin(self, logs=None):  # validation is no training step's work
+        self._cpu_paused = (time.process_time(), time.monotonic())
+
+    def on_test_end(self, logs=None):
+        if self._cpu_mark is not None and self._cpu_paused is not None:
+            cpu_s, wall_s = time.process_time(), time.monotonic()
+            self._cpu_mark = (self._cpu_mark[0] + cpu_s - self._cpu_paused[0],
+                              self._cpu_mark[1] + wall_s - self._cpu_paused[1])
+        self._cpu_paused = None
 
     def on_epoch_end(self, epoch, logs=None):
         self._pending.clear()

@@ -268,10 +268,9 @@ def test_a_rank_waiting_at_its_cpu_allowance_has_half_its_work_moved_once_as_a_t
     assert verdict["reverted"] == (verdict["batch_sizes"] != halved), history
     if verdict["reverted"]:
         assert verdict["batch_sizes"] == before["batch_sizes"], history
-    assert all(h["batch_sizes"] == verdict["batch_sizes"] for h in history[k + 1:]), history
     tried = trial["epoch"] + 1  # an epoch-end round's plan runs the next epoch
     for rank, result in ((0, r0), (1, r1)):  # each rank computed the plan tried
         assert result["batches"][tried] == [halved[rank]] * 10, result["batches"]
-    for epoch in range(5):
+    for epoch in range(6):
         seen = r0["indices"][epoch] + r1["indices"][epoch]
         assert len(seen) == 10 * 128 == len(set(seen))

@@ -31,7 +31,8 @@ def test_the_tightest_v1_quota_on_the_group_or_above_it_holds(tmp_path):
     write(mount, cpu_cfs_quota_us="-1\n", cpu_cfs_period_us="100000\n")
     write(mount / "hvd_balance.7", cpu_cfs_quota_us="150000\n", cpu_cfs_period_us="100000\n")
     write(mount / "hvd_balance.7" / "rank1", cpu_cfs_quota_us="2500\n", cpu_cfs_period_us="10000\n")
-    proc = fake_proc(tmp_path, V1_MOUNTS.format(mount=mount), "2:cpu,cpuacct:/hvd_balance.7/rank1\n0::/\n")
+    proc = fake_proc(tmp_path, V1_MOUNTS.format(mount=mount),
+                     "2:cpu,cpuacct:/hvd_balance.7/rank1\n0::/\n")
     affinity = len(os.sched_getaffinity(0))
     assert allowed_cores(proc) == pytest.approx(min(0.25, affinity))
     (mount / "hvd_balance.7" / "rank1" / "cpu.cfs_quota_us").write_text("-1\n")
@@ -56,3 +57,19 @@ def test_no_quota_or_no_cgroup_leaves_the_cores_it_is_pinned_to(tmp_path):
     assert [quota_cores(q, p) for q, p in (("-1", "100000"), ("max", "100000"), ("0", "1"),
                                             ("x", "1"), ("nan", "1"), ("5000", "10000"))] \
         == [None, None, None, None, None, 0.5]
+
+
+def test_a_group_outside_the_namespace_is_not_read_and_emulate_finds_the_same_group(tmp_path):
+    mounts = V1_MOUNTS.format(mount=tmp_path / "cpu")
+    assert cpu_group_dirs(mounts, "2:cpu,cpuacct:/../other\n") == []
+    # hvd_balance.emulate finds the controller on its own (it imports the standard library
+    # only): on cgroup v1 both take this process's group under the same mount.
+    from hvd_balance.tools import emulate
+    own = tmp_path / "cpu" / "hvd_balance.7" / "rank1"
+    own.mkdir(parents=True)
+    files = [tmp_path / "mountinfo", tmp_path / "cgroup"]
+    files[0].write_text(mounts)
+    files[1].write_text("2:cpu,cpuacct:/hvd_balance.7/rank1\n0::/\n")
+    found = emulate.find_cpu_controller(*map(str, files))
+    assert (found.version, found.parent) == cpu_group_dirs(*(f.read_text() for f in files))[0]
+    assert found.parent == str(own)

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 
 from hvd_balance import Plan, plan_batches
-from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, COMMUNICATION_BOUND,
+from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, COMMUNICATION_BOUND, CPU_SATURATED,
                                      DEFAULT_THRESHOLD, UNDO_MARGIN, Rounds, balance_efficiency,
-                                     CPU_SATURATED, communication_bound, corrected_curves,
+                                     communication_bound, corrected_curves,
                                      decide, drifted, offload_plan, paper_plan, robust_busy,
                                      round_threshold, starved_rank, steady_imbalance)
 
@@ -393,13 +393,15 @@ def starved_busy(batches):
     return [0.0006 * batches[0], 0.0025 * batches[1]]
 
 
-def starved_step(batches, per_sample_s=0.002):
-    """The step: the collectives' 0.45 s, longer by ``per_sample_s`` per sample of rank 1
-    (0.6 s at 75 samples), or where ``per_sample_s`` is negative, by that per sample more of
-    rank 0 than its 437."""
-    if per_sample_s < 0:
-        return 0.6 - per_sample_s * (batches[0] - 437)
-    return max(max(starved_busy(batches)), 0.45 + per_sample_s * batches[1])
+def starved_step(batches):
+    """The step: the collectives' 0.45 s, 2 ms longer per sample of rank 1 (0.6 s at 75)."""
+    return max(max(starved_busy(batches)), 0.45 + 0.002 * batches[1])
+
+
+def rank0_bound_step(batches):
+    """The step where the collectives wait for rank 0's CPU instead: 0.6 s at 437 samples,
+    2 ms longer per sample more."""
+    return 0.6 + 0.002 * (batches[0] - 437)
 
 
 def run_starved_rounds(plan, rounds, step_of, cpu_load, n):
@@ -415,15 +417,15 @@ def run_starved_rounds(plan, rounds, step_of, cpu_load, n):
 
 def test_a_rank_at_its_cpu_allowance_gets_half_its_work_moved_once_and_the_faster_plan_held():
     start = Plan.from_batch_sizes([437, 75])
-    for per_sample_s, shortens in ((0.002, True), (-0.002, False)):
-        step = lambda b, k=per_sample_s: starved_step(b, k)  # noqa: E731
+    for step, shortens in ((starved_step, True), (rank0_bound_step, False)):
         plans, decisions, rounds = run_starved_rounds(start, Rounds(calibrating=False), step,
                                                       [0.67, 0.98], 5)
         # Tried once, before any busy-time round: busy times alone would give rank 1 more.
         assert [d.offloaded for d in decisions] == [True] + [False] * 4, decisions
         assert decisions[0].changed and decisions[0].gain == 0.0 and not decisions[0].explored
         assert plans[1] == (475, 37)
-        assert decide(start, starved_busy(start.batch_sizes), threshold=0.0).plan.batch_sizes[1] > 75
+        by_busy = decide(start, starved_busy(start.batch_sizes), threshold=0.0).plan
+        assert by_busy.batch_sizes[1] > 75
         best = plans[1] if shortens else start.batch_sizes
         assert (step(plans[1]) < step(start.batch_sizes)) == shortens
         assert decisions[1].reverted == (not shortens) and plans[2:] == [best] * 3, plans
@@ -457,5 +459,37 @@ def test_an_offload_keeps_the_floors_and_caps_and_moves_nothing_at_the_floor():
     full = Plan(batch_sizes=(60, 68), global_batch_size=128, max_batch_sizes=(64, None))
     assert offload_plan(full, [0.1, 0.3], 1) is None  # rank 0's memory cap takes 4 more only
     # Exactly half, even where the busy times alone would take more off the rank.
-    busiest = offload_plan(Plan.from_batch_sizes([64, 64]), [0.011, 0.029], 1)
+    busiest, even = offload_plan(Plan.from_batch_sizes([64, 64]), [0.011, 0.1], 1), (64, 64)
+    assert decide(Plan.from_batch_sizes(list(even)), [0.011, 0.1]).plan.batch_sizes[1] < 32
     assert busiest.batch_sizes == (96, 32) and busiest.min_batch_sizes is None
+
+
+def test_a_fast_rank_waiting_for_a_slow_one_at_its_cpu_allowance_is_not_starved():
+    # A spinning wait keeps rank 0 at its allowance, but it waits for rank 1, not for the
+    # collectives: busy times plan this, and moving work off rank 0 would lengthen the step.
+    plan = Plan.from_batch_sizes([64, 64])
+    d, _ = Rounds(calibrating=False).next(plan, [0.010, 0.030], step_s=0.032,
+                                          cpu_load=[0.95, 0.6])
+    assert d.changed and not d.offloaded and d.plan.batch_sizes[0] > 64
+
+
+def test_the_offload_comes_after_the_papers_plan_and_any_change_busy_times_predict():
+    start = Plan(batch_sizes=(437, 75), global_batch_size=512,
+                 curves=(((256, 0.15), (512, 0.30)), ((64, 0.16), (128, 0.32))))
+    paper = paper_plan(start)
+    assert paper.batch_sizes != start.batch_sizes
+    load = [0.67, 0.98]
+
+    def step(batches):  # communication-bound: as long for both plans, shorter for the offload
+        return 0.75 if batches[1] >= 60 else 0.70
+
+    plans, decisions, rounds = run_starved_rounds(start, Rounds(paper=paper), step, load, 5)
+    assert decisions[0].explored and plans[1] == paper.batch_sizes, decisions
+    assert not decisions[1].changed  # the paper's plan kept (its step not longer) and held
+    assert decisions[2].offloaded and plans[3][1] == plans[2][1] // 2, plans
+    assert not decisions[3].reverted and plans[4] == plans[3]  # shorter: kept
+    # Where busy times predict a change, it is made first, and the offload waits.
+    skewed = Plan.from_batch_sizes([256, 256])
+    d, rounds = Rounds(calibrating=False).next(skewed, starved_busy((256, 256)), step_s=1.6,
+                                               cpu_load=load)
+    assert d.changed and not d.offloaded and not rounds.offloaded

@@ -16,7 +16,7 @@ for f in sorted(glob.glob('docs/bench/**/*.json.gz', recursive=True)):
         for i, r in enumerate(h):
             if not r.get("reverted"): continue
             t = h[i - 1]   # the round that decided the trial; its busy/step are the plan before's
-            margin = 0.0 if t.get("explored") else 0.05
+            margin = 0.0 if t.get("explored") or t.get("offloaded") else 0.05
             # Trial.step_before_now: a rank whose batch did not grow and whose busy time rose
             # beyond the window's noise allowance (2x its largest relative standard error) has
             # slowed; the plan before would have paid that too
@@ -24,7 +24,7 @@ for f in sorted(glob.glob('docs/bench/**/*.json.gz', recursive=True)):
             bound = max(mn if b1 <= b0 and mn > mo * (1 + allowance) else mo for mo, mn, b0, b1
                         in zip(t["busy_ms"], r["busy_ms"], r["batch_sizes"], t["batch_sizes"]))
             now = t["step_ms"] + max(0.0, bound - max(t["busy_ms"]))
-            print(f"{f.split('/')[-1]:58s} epoch {r['epoch']} {'paper' if margin == 0 else 'busy '} "
+            print(f"{f.split('/')[-1]:58s} epoch {r['epoch']} {'tried' if margin == 0 else 'busy '} "
                   f"before {t['step_ms']:6.1f} re-timed {now:6.1f} trial {r['step_ms']:6.1f} ms: "
                   f"undone {r['step_ms'] > (1 + margin) * now}; busy after / before per rank "
                   f"{[round(a / b, 3) for a, b in zip(r['busy_ms'], t['busy_ms'])]}")
