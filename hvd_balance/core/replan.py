@@ -145,8 +145,10 @@ def communication_bound(plan: Plan, busy_s: Sequence[float], step_s: float,
 # A rank uses its whole CPU allowance when its CPU seconds per wall second reach this fraction
 # of the cores it may use (:func:`hvd_balance.core.cpu_allowance.allowed_cores`). Measured on
 # the 2-rank SyncBN ResNet (BENCHMARKS.md): the quarter-core rank used 0.88-1.0 of its quota
-# at every plan from 95 to 35 samples, the full core beside it 0.60-0.77 of its core; on 4
-# ranks, whose steps no rank's CPU limits, 0.56-0.84 (quarter cores) and 0.50-0.54 (half core).
+# at every plan from 95 to 35 samples (paired jobs: 0.97-1.0 at the 62-110 samples the rules
+# gave it, 0.88-0.94 at 31-47 after a trial), the full core beside it 0.60-0.77 of its core;
+# on 4 ranks, whose steps no rank's CPU limits, 0.56-0.87 (quarter cores) and 0.50-0.54 (half
+# core). The margin to 4 ranks is thin: there a trial costs one window, judged by its step.
 CPU_SATURATED = 0.9
 
 
@@ -268,7 +270,7 @@ class Decision:
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
         threshold: the gain the planner's proposal needed, before the noise allowance (a
             fraction of the step), or ``None`` where no proposal was judged.
-        offloaded: whether ``plan`` moves half of a rank's work off it, tried because that
+        offloaded: whether ``plan`` moves half of a rank's work off it (not below its floor), tried because that
             rank's CPU is at its allowance while its step is mostly waiting
             (:func:`starved_rank`, :func:`offload_plan`; ``gain`` is then 0).
     """

@@ -74,10 +74,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     predict it: without a benchmark yet, the callback benchmarks there (at the first real
     steps, or a later window); the first such window then tries the paper's proportional plan
     from the benchmark, and the faster of the two as measured is kept. Likewise, once per
-    job, where busy times see no better plan and a rank's CPU is at its allowance (a
+    ``fit``, where busy times see no better plan and a rank's CPU is at its allowance (a
     container's CPU limit or another cgroup quota, or the cores it is pinned to) while it
-    waits for the collectives themselves, not for a busier rank, for 60 % of its step or
-    more, half its work is moved to the others as a trial, and the faster plan kept: its
+    waits for the collectives themselves, not for a busier rank, for 60 % or more of its busy
+    time plus that wait, half its work is moved to the others as a trial, and the faster plan kept: its
     collectives' threads share its CPU with its own work
     (:func:`hvd_balance.core.replan.starved_rank`).
 
@@ -208,6 +208,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         # (process CPU s, wall s) where the window's CPU count starts, and where validation
         # began: validation (evaluate, too) is no training step's work.
         self._cpu_mark = self._cpu_paused = None
+        self._cpu_executions = 0  # executions (batch hooks) ended since the mark
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
@@ -261,8 +262,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.history, self._last, self._pending = [], [], {}
         self._pooled, self.plan = [], None
         # Each window's CPU seconds per wall second, over the cores this process may use:
-        # from the end of its first step (not the step's tracing, a benchmark or the epoch's
-        # start), validation left out.
+        # from the end of its first execution (not a step's tracing, a benchmark or the
+        # epoch's start), validation left out.
         self._cores = allowed_cores()
         self._cpu_mark = self._cpu_paused = None
         self._epoch = data.epoch
@@ -362,8 +363,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     def telemetry(self) -> List[Dict[str, float]]:
         """Per rank, the last window's ``busy_s`` (median per step), ``busy_rse`` (its relative
         standard error), ``wait_s`` (mean per step), ``local_batch`` and ``cpu_load`` (CPU
-        seconds per wall second since the window before, every thread of the process, over
-        the cores it may use: :func:`hvd_balance.core.cpu_allowance.allowed_cores`)."""
+        seconds per wall second, every thread of the process, from the end of the window's
+        first execution, validation left out, over the cores it may use:
+        :func:`hvd_balance.core.cpu_allowance.allowed_cores`; ``None`` after a single
+        execution)."""
         return list(self._last)
 
     def _gather_window(self) -> List[Dict[str, float]]:
@@ -388,9 +391,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def _cpu_load(self) -> Optional[float]:
         """CPU seconds per wall second since the mark (every thread of the process), over the
-        cores it may use, or ``None`` without a mark; the next window starts unmarked."""
+        cores it may use, or ``None`` where no execution ended after the mark (a mark set in
+        the hook that reads it would time microseconds); the next window starts unmarked."""
         mark, self._cpu_mark = self._cpu_mark, None
-        if mark is None:
+        if mark is None or self._cpu_executions < 1:
             return None
         cpu_s, wall_s = time.process_time() - mark[0], time.monotonic() - mark[1]
         return cpu_s / wall_s / self._cores if wall_s > 0 else None
@@ -473,7 +477,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self.model, self.data, method=self.method, batch_sizes=self.benchmark_batches,
             repeats=self.repeats, min_batch_size=self.min_batch_size)
         self._without_curves = False
-        # Once per job: an offload tried before, and any plan undone, stay so.
+        # Once per fit: an offload tried before, and any plan undone, stay so.
         barred = {k: v for k, v in self._rounds.measured.items() if v == math.inf}
         self._rounds = Rounds(self.threshold, self.method, calibrating=True, paper=paper_plan(plan),
                               measured=barred, offloaded=self._rounds.offloaded)
@@ -501,8 +505,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._in_force(plan)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._cpu_mark is None:  # the window's CPU is counted from its first step's end
-            self._cpu_mark = (time.process_time(), time.monotonic())
+        if self._cpu_mark is None:  # counted from the end of the window's first execution
+            self._cpu_mark, self._cpu_executions = (time.process_time(), time.monotonic()), 0
+        else:
+            self._cpu_executions += 1
         if self._calibration_at is not None and batch + 1 >= self._calibration_at:
             try:  # every timed step of the window counts (the first step is never timed)
                 self._replan(self._gather_window(), self._calibration_at, first_steps=True)
