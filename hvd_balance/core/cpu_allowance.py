@@ -16,7 +16,8 @@ outside TensorFlow's pools, Horovod's among them: BENCHMARKS.md), where balancin
 cannot see it.
 
 The parsing is pure (:func:`cpu_group_dirs`, :func:`quota_cores`: text in, numbers out);
-:func:`allowed_cores` reads the files. ``hvd_balance.emulate`` finds the controller on its own:
+:func:`allowed_cores` reads the files; :class:`CpuWindow` measures a window's use of them.
+``hvd_balance.emulate`` finds the controller on its own:
 it imports the standard library only (it runs as a file with ``python -I``).
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import List, Optional, Tuple
 
 
@@ -117,3 +119,61 @@ def allowed_cores(proc: str = "/proc/self") -> float:
         if allowed is not None:
             cores = min(cores, allowed)
     return cores
+
+
+class CpuWindow:
+    """A window's CPU seconds per wall second, every thread of this process, over the cores it
+    may use: counted from the end of the window's first execution (so not a step's tracing,
+    a benchmark or the epoch's start), pauses (validation) left out.
+
+    Args:
+        cores: the cores this process may use (:func:`allowed_cores`).
+        clock: ``() -> (process CPU seconds, wall seconds)``.
+
+    Example:
+        >>> ticks = iter([(0.0, 0.0), (0.5, 2.0), (0.7, 3.0), (1.0, 4.0)])
+        >>> window = CpuWindow(0.25, clock=lambda: next(ticks))
+        >>> window.execution_ended()   # the mark: (0.0, 0.0)
+        >>> window.execution_ended()   # one execution counted
+        >>> window.pause(); window.resume()   # 0.2 s of CPU over 1 s of wall left out
+        >>> window.read()   # (1.0 - 0.2) / (4.0 - 1.0) / 0.25
+        1.0666666666666667
+    """
+
+    def __init__(self, cores: float, clock=None):
+        self.cores = float(cores)
+        self._clock = clock or (lambda: (time.process_time(), time.monotonic()))
+        self._mark: Optional[Tuple[float, float]] = None
+        self._paused: Optional[Tuple[float, float]] = None
+        self._executions = 0  # executions ended since the mark
+
+    def execution_ended(self) -> None:
+        """At each execution's end (Keras's batch hook): marks the window's start if unmarked,
+        else counts the execution."""
+        if self._mark is None:
+            self._mark, self._executions = self._clock(), 0
+        else:
+            self._executions += 1
+
+    def pause(self) -> None:
+        """At validation's start: what follows until :meth:`resume` is left out."""
+        self._paused = self._clock()
+
+    def resume(self) -> None:
+        """At validation's end: moves the mark past the pause."""
+        if self._mark is not None and self._paused is not None:
+            cpu_s, wall_s = self._clock()
+            self._mark = (self._mark[0] + cpu_s - self._paused[0],
+                          self._mark[1] + wall_s - self._paused[1])
+        self._paused = None
+
+    def read(self) -> Optional[float]:
+        """CPU seconds per wall second since the mark over :attr:`cores`, or ``None`` where no
+        execution ended after the mark (a mark set in the hook that reads it would time
+        microseconds); the next window starts unmarked."""
+        mark, self._mark = self._mark, None
+        if mark is None or self._executions < 1:
+            return None
+        cpu_s, wall_s = self._clock()
+        cpu_s, wall_s = cpu_s - mark[0], wall_s - mark[1]
+        return cpu_s / wall_s / self.cores if wall_s > 0 else None

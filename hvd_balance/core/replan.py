@@ -196,10 +196,9 @@ def offload_plan(plan: Plan, busy_s: Sequence[float], rank: int,
     cap = max(floors[rank] or 1, batch // 2)
     if cap >= batch:
         return None
-    caps = list(plan.max_batch_sizes or (None,) * plan.world_size)
-    caps[rank] = cap if caps[rank] is None else min(caps[rank], cap)
-    pinned = list(floors)
-    pinned[rank] = caps[rank]  # exactly half, even where its busy time alone asks for less
+    caps, pinned = list(plan.max_batch_sizes or (None,) * plan.world_size), list(floors)
+    # exactly half (below any cap the plan keeps), even where its busy time asks for less
+    caps[rank] = pinned[rank] = cap
     try:
         moved = plan_batches(corrected_curves(plan, busy_s), plan.global_batch_size,
                              max_batch_sizes=caps, min_batch_sizes=pinned,
@@ -270,8 +269,8 @@ class Decision:
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
         threshold: the gain the planner's proposal needed, before the noise allowance (a
             fraction of the step), or ``None`` where no proposal was judged.
-        offloaded: whether ``plan`` moves half of a rank's work off it (not below its floor), tried because that
-            rank's CPU is at its allowance while its step is mostly waiting
+        offloaded: whether ``plan`` moves half of a rank's work off it (not below its floor),
+            tried because that rank's CPU is at its allowance while its step is mostly waiting
             (:func:`starved_rank`, :func:`offload_plan`; ``gain`` is then 0).
     """
 

@@ -8,7 +8,6 @@ import logging
 import math
 import os
 import sys
-import time
 from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -19,7 +18,7 @@ from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
-from ..core.cpu_allowance import allowed_cores
+from ..core.cpu_allowance import CpuWindow, allowed_cores
 from ..core.plan import Plan
 from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency,
                            calibration_step, communication_bound, paper_plan, robust_busy,
@@ -77,8 +76,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     ``fit``, where busy times see no better plan and a rank's CPU is at its allowance (a
     container's CPU limit or another cgroup quota, or the cores it is pinned to) while it
     waits for the collectives themselves, not for a busier rank, for 60 % or more of its busy
-    time plus that wait, half its work is moved to the others as a trial, and the faster plan kept: its
-    collectives' threads share its CPU with its own work
+    time plus that wait, half its work is moved to the others as a trial, and the faster plan
+    kept: its collectives' threads share its CPU with its own work
     (:func:`hvd_balance.core.replan.starved_rank`).
 
     Args:
@@ -205,10 +204,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._calibration_at: Optional[int] = None  # the step the first real steps' plan starts
         self._without_curves = False  # no benchmark yet in a job that started from equal batches
         self._warned_small_batches = False  # the SmallBatchWarning is given once per fit
-        # (process CPU s, wall s) where the window's CPU count starts, and where validation
-        # began: validation (evaluate, too) is no training step's work.
-        self._cpu_mark = self._cpu_paused = None
-        self._cpu_executions = 0  # executions (batch hooks) ended since the mark
+        self._cpu: Optional[CpuWindow] = None  # each window's cpu_load, from train begin
 
     def _check_gradient_aggregation(self) -> None:
         """With ``backward_passes_per_step=k`` the gradients of k steps are summed before
@@ -261,11 +257,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         data = self.data
         self.history, self._last, self._pending = [], [], {}
         self._pooled, self.plan = [], None
-        # Each window's CPU seconds per wall second, over the cores this process may use:
-        # from the end of its first execution (not a step's tracing, a benchmark or the
-        # epoch's start), validation left out.
-        self._cores = allowed_cores()
-        self._cpu_mark = self._cpu_paused = None
+        self._cpu = CpuWindow(allowed_cores())
         self._epoch = data.epoch
         spe = compat.steps_per_execution(self.model)
         if isinstance(self.rebalance, int) and self.rebalance % spe:
@@ -380,7 +372,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         pooled, pooled_noise = robust_busy(self._pooled)
         steps = raw.get("busy_steps")
         mine = {"busy_s": busy, "busy_rse": noise, "busy_n": len(samples), "pooled_busy_s": pooled,
-                "cpu_load": self._cpu_load(),
+                "cpu_load": self._cpu.read(),
                 "pooled_busy_rse": pooled_noise,
                 "wait_s": raw["wait_s"] / steps if steps else None,
                 # end of one step to the end of the next: what the job pays per step
@@ -388,16 +380,6 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 "local_batch": self.plan.batch_sizes[self.data.rank]}
         self._last = collective.allgather_object(mine, name="hvd_balance.keras.telemetry")
         return self._last
-
-    def _cpu_load(self) -> Optional[float]:
-        """CPU seconds per wall second since the mark (every thread of the process), over the
-        cores it may use, or ``None`` where no execution ended after the mark (a mark set in
-        the hook that reads it would time microseconds); the next window starts unmarked."""
-        mark, self._cpu_mark = self._cpu_mark, None
-        if mark is None or self._cpu_executions < 1:
-            return None
-        cpu_s, wall_s = time.process_time() - mark[0], time.monotonic() - mark[1]
-        return cpu_s / wall_s / self._cores if wall_s > 0 else None
 
     def _replan(self, window, step: int, first_steps: bool = False) -> None:
         """One re-planning round on ``window``, the plan it decides in force from ``step``
@@ -505,10 +487,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._in_force(plan)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._cpu_mark is None:  # counted from the end of the window's first execution
-            self._cpu_mark, self._cpu_executions = (time.process_time(), time.monotonic()), 0
-        else:
-            self._cpu_executions += 1
+        self._cpu.execution_ended()
         if self._calibration_at is not None and batch + 1 >= self._calibration_at:
             try:  # every timed step of the window counts (the first step is never timed)
                 self._replan(self._gather_window(), self._calibration_at, first_steps=True)
@@ -522,15 +501,13 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         if effective < self.data.steps:
             self._replan(self._gather_window(), effective)
 
-    def on_test_begin(self, logs=None):  # validation is no training step's work
-        self._cpu_paused = (time.process_time(), time.monotonic())
+    def on_test_begin(self, logs=None):  # validation (evaluate too) is no training step's work
+        if self._cpu is not None:
+            self._cpu.pause()
 
     def on_test_end(self, logs=None):
-        if self._cpu_mark is not None and self._cpu_paused is not None:
-            cpu_s, wall_s = time.process_time(), time.monotonic()
-            self._cpu_mark = (self._cpu_mark[0] + cpu_s - self._cpu_paused[0],
-                              self._cpu_mark[1] + wall_s - self._cpu_paused[1])
-        self._cpu_paused = None
+        if self._cpu is not None:
+            self._cpu.resume()
 
     def on_epoch_end(self, epoch, logs=None):
         self._pending.clear()
