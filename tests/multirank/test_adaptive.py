@@ -54,8 +54,13 @@ def test_plan_follows_a_rank_that_slows_down():
         first = changes[0]
         if first["batch_sizes"][1] >= history[slow_from - 1]["batch_sizes"][1]:
             return f"rank 1 did not get less work: {history}"
+        # The windows after the change: 0.85 or more in the median (the window that prompted
+        # it: 0.71 and 0.76 in two runs here). Not 0.9: the balancer holds a plan whose gain is
+        # within its threshold (0.08) plus the window's noise allowance, and on CI's busier
+        # machine (`6eeae88`) both runs held plans at medians of 0.89 (windows 0.82-0.95;
+        # 0.95 and 0.96 here).
         after = [h["efficiency"] for h in history if h["epoch"] > first["epoch"]]
-        if np.median(after) < 0.9:
+        if np.median(after) < 0.85:
             return f"efficiency after the change {after}"
         return None
 
