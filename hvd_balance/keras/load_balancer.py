@@ -78,7 +78,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     waits for the collectives themselves, not for a busier rank, for 60 % or more of its busy
     time plus that wait, half its work is moved to the others as a trial, and the faster plan
     kept: its collectives' threads share its CPU with its own work
-    (:func:`hvd_balance.core.replan.starved_rank`).
+    (:func:`hvd_balance.core.replan.starved_rank`). Where either trial's first window is
+    longer than the plan before by 5 % or less, within one window's noise, it runs one window
+    more and the two windows' mean step decides.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -135,7 +137,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force (identical on every rank) after train begin.
         history: one dict per re-planning round (epoch, step, efficiency, gain, changed,
-            reverted, explored, offloaded, benchmarked: the round benchmarked instead (the first
+            reverted, explored, offloaded, extended: the trial runs one window more before
+            its verdict, benchmarked: the round benchmarked instead (the first
             communication-bound window of a job started from equal batches),
             threshold: the gain that round needed, batch_sizes, busy_ms,
             busy_rse, step_ms: the window's step time, cpu_load: each rank's CPU seconds per
@@ -391,7 +394,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         step_s = float(np.median(steps)) if len(steps) == len(window) else None
         record = {"epoch": self._epoch, "step": step, "efficiency": None, "gain": 0.0,
                   "changed": False, "reverted": False, "explored": False, "offloaded": False,
-                  "benchmarked": False,
+                  "extended": False, "benchmarked": False,
                   "threshold": None,
                   "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
@@ -430,7 +433,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     self._rounds = dataclasses.replace(self._rounds, calibrating=True)
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,
-                              offloaded=decision.offloaded,
+                              offloaded=decision.offloaded, extended=decision.extended,
                               threshold=(threshold if decision.threshold is None
                                          else decision.threshold),
                               batch_sizes=list(decision.plan.batch_sizes))
@@ -439,6 +442,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                     self._warn_small_batches(decision.plan)
                     if self.verbose and collective.rank() == 0:  # equal batches kept, too
                         print(decision.plan.table(), file=sys.stdout, flush=True)
+                elif decision.extended and self.verbose and collective.rank() == 0:
+                    print(f"hvd_balance: epoch {self._epoch} step {step}: the step tried is "
+                          "longer by less than one window's noise: one window more",
+                          file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
                     what = (f"restored the plan before, its step {100 * decision.gain:.1f}% "
                             f"shorter (with any slowdown proven)" if decision.reverted else

@@ -239,38 +239,55 @@ def test_a_communication_bound_start_benchmarks_instead():
     assert not any(h["offloaded"] for h in r0["history"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(330)
 def test_a_rank_waiting_at_its_cpu_allowance_has_half_its_work_moved_once_as_a_trial():
     """As above, but each rank pinned to a core and rank 1 spinning in its 150 ms wait: its
     CPU is at its allowance while its step is mostly waiting. Once, a round moves half its
-    work to rank 0, the same on both ranks; the next round judges it by the step (kept, or
-    reverted to the plan before), and no sample is lost."""
+    work to rank 0, the same on both ranks; the next round or two judge it by the step (kept,
+    or reverted to the plan before), and no sample is lost. Rank 1's measured load is near
+    the 0.9 mark (0.77-0.97 of its core per window here: its busy time and its wait for the
+    gradients' allreduce do not spin; no offload in 1 of 7 runs), so the job may run twice
+    and must offload in one run; the other facts hold in every run."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to pin the ranks apart")
-    run = run_ranks("tests/rank_scripts/first_steps_fit.py", np=2, timeout=240,
-                    args=["1", "starved"])
-    assert run.returncode == 0, run.stdout[-3000:]
-    results = run.results()
-    r0, r1 = results[0], results[1]
-    history = r0["history"]
-    assert history == r1["history"]
-    offloads = [k for k, h in enumerate(history) if h["offloaded"]]
-    assert len(offloads) == 1 and 0 < offloads[0] < len(history) - 1, history
+    missed = []
+    for _ in range(2):
+        run = run_ranks("tests/rank_scripts/first_steps_fit.py", np=2, timeout=150,
+                        args=["1", "starved"])
+        assert run.returncode == 0, run.stdout[-3000:]
+        results = run.results()
+        r0, r1 = results[0], results[1]
+        history = r0["history"]
+        assert history == r1["history"]
+        for epoch in range(6):
+            seen = r0["indices"][epoch] + r1["indices"][epoch]
+            assert len(seen) == 10 * 128 == len(set(seen))
+        offloads = [k for k, h in enumerate(history) if h["offloaded"]]
+        assert len(offloads) <= 1, history
+        if offloads:
+            break
+        missed.append([(h["batch_sizes"], h["cpu_load"]) for h in history])
+    else:
+        pytest.fail(f"no offload in 2 runs (plans, CPU loads): {missed}")
+    assert 0 < offloads[0] < len(history) - 1, history
     k = offloads[0]
-    before, trial, verdict = history[k - 1], history[k], history[k + 1]
+    before, trial = history[k - 1], history[k]
     load = trial["cpu_load"]
     assert load[1] >= CPU_SATURATED > load[0], history  # measured, in the window it acted on
     assert trial["step_ms"] >= COMMUNICATION_BOUND * trial["busy_ms"][1], history
     halved = trial["batch_sizes"]
     assert halved[1] == before["batch_sizes"][1] // 2 and sum(halved) == 128, history
     assert trial["changed"] and not trial["explored"] and trial["gain"] == 0.0
-    # judged by the window that ran it: reverted to the plan before, or kept and held
-    assert verdict["reverted"] == (verdict["batch_sizes"] != halved), history
-    if verdict["reverted"]:
-        assert verdict["batch_sizes"] == before["batch_sizes"], history
+    # judged by the window that ran it (or, where that one could not tell, by two): reverted
+    # to the plan before, or kept and held
+    judged = history[k + 1:k + 3] if history[k + 1]["extended"] else history[k + 1:k + 2]
+    verdict = judged[-1]
+    if verdict["extended"]:  # the job ended before the second window's verdict
+        assert verdict["batch_sizes"] == halved and not verdict["changed"], history
+    else:
+        assert verdict["reverted"] == verdict["changed"], history
+        expected = before if verdict["reverted"] else trial
+        assert verdict["batch_sizes"] == expected["batch_sizes"], history
     tried = trial["epoch"] + 1  # an epoch-end round's plan runs the next epoch
     for rank, result in ((0, r0), (1, r1)):  # each rank computed the plan tried
         assert result["batches"][tried] == [halved[rank]] * 10, result["batches"]
-    for epoch in range(6):
-        seen = r0["indices"][epoch] + r1["indices"][epoch]
-        assert len(seen) == 10 * 128 == len(set(seen))

@@ -434,6 +434,26 @@ def test_a_rank_at_its_cpu_allowance_gets_half_its_work_moved_once_and_the_faste
             assert rounds.measured[plans[1]] == float("inf")
 
 
+def test_a_plan_nothing_predicted_within_one_windows_noise_is_judged_over_two_windows():
+    start = Plan.from_batch_sizes([437, 75])
+    before = starved_step(start.batch_sizes)                       # 0.6 s
+    for second, kept in ((0.95, True), (1.0, False), (0.96, True)):
+        # The offload's first window is 3 % longer (within UNDO_MARGIN); the second decides.
+        steps = iter([before, 1.03 * before, second * before, second * before])
+        plans, decisions, rounds = run_starved_rounds(start, Rounds(calibrating=False),
+                                                      lambda b: next(steps), [0.67, 0.98], 4)
+        assert decisions[0].offloaded and plans[1] == plans[2] == (475, 37), plans
+        assert not decisions[1].changed and rounds.offloaded          # one window more
+        assert decisions[2].reverted == (not kept), (second, decisions)
+        assert plans[3] == ((475, 37) if kept else start.batch_sizes)
+        assert rounds.trial is None and rounds.held[0].batch_sizes == plans[3]
+    # Longer by more than UNDO_MARGIN: one window is the verdict.
+    steps = iter([before, (1.0 + UNDO_MARGIN) * before + 0.001])
+    _, decisions, rounds = run_starved_rounds(start, Rounds(calibrating=False),
+                                              lambda b: next(steps), [0.67, 0.98], 2)
+    assert decisions[1].reverted and rounds.measured[(475, 37)] == float("inf")
+
+
 def test_no_work_is_moved_where_no_rank_is_at_its_cpu_allowance_or_busy_most_of_the_step():
     start = Plan.from_batch_sizes([437, 75])
     for cpu_load in ([0.67, CPU_SATURATED - 0.05], None, [None, None]):
