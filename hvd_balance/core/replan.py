@@ -36,7 +36,10 @@ proportional to the rank's benchmarked throughput) against the plan in force, an
 of the two, as measured, is held. Likewise, once per job, where a rank's CPU is at its allowance
 (a cgroup quota, its pinned cores) while its step is mostly waiting (:func:`starved_rank`),
 half its work is moved to the others as a trial (:func:`offload_plan`): its collectives' threads
-share its CPU with its own work, which busy times do not see.
+share its CPU with its own work, which busy times do not see. Nothing predicts either plan, so
+neither gets the margin: where its first window's step is within :data:`UNDO_MARGIN` of the
+step before, either way, one window cannot tell, and the mean of two decides
+(:func:`_two_window_verdict`).
 """
 
 from __future__ import annotations
@@ -148,7 +151,8 @@ def communication_bound(plan: Plan, busy_s: Sequence[float], step_s: float,
 # at every plan from 95 to 35 samples (paired jobs: 0.97-1.0 at the 62-110 samples the rules
 # gave it, 0.88-0.94 at 31-47 after a trial), the full core beside it 0.60-0.77 of its core;
 # on 4 ranks, whose steps no rank's CPU limits, 0.56-0.87 (quarter cores) and 0.50-0.54 (half
-# core). The margin to 4 ranks is thin: there a trial costs one window, judged by its step.
+# core). The margin to 4 ranks is thin: there a trial costs one or two windows, judged by
+# their step.
 CPU_SATURATED = 0.9
 
 
@@ -264,7 +268,7 @@ class Decision:
         reverted: whether ``plan`` is the plan before the last change, restored because the
             change did not shorten the measured step (``gain`` is then ``1 - step before /
             step after``, the step before plus any slowdown the window after proves:
-            :meth:`Trial.step_before_now`).
+            :meth:`Trial.step_before_now`; over two windows, their means).
         explored: whether ``plan`` is the paper's rule, tried against the plan in force because
             the step is communication-bound (``gain`` is then 0: nothing predicts it).
         threshold: the gain the planner's proposal needed, before the noise allowance (a
@@ -273,8 +277,8 @@ class Decision:
             tried because that rank's CPU is at its allowance while its step is mostly waiting
             (:func:`starved_rank`, :func:`offload_plan`; ``gain`` is then 0).
         extended: whether ``plan``, one nothing predicted (explored or offloaded), runs one
-            window more before its verdict: this window's step was longer than the step before
-            by no more than :data:`UNDO_MARGIN` (``changed`` is then False).
+            window more before its verdict: this window's step was within :data:`UNDO_MARGIN`
+            of the step before, longer or shorter (``changed`` is then False).
     """
 
     plan: Plan
@@ -439,7 +443,8 @@ def paper_plan(plan: Plan) -> Optional[Plan]:
 
 @dataclasses.dataclass(frozen=True)
 class Trial:
-    """A plan change awaiting the verdict of the window that runs it.
+    """A plan change awaiting the verdict of the window that runs it (or two, where the plan is
+    one nothing predicted and the first window cannot tell: :func:`_two_window_verdict`).
 
     Attributes:
         plan: the new plan.
@@ -449,8 +454,9 @@ class Trial:
         hold_if_kept: whether the new plan is held if kept (a plan nothing predicted: the
             paper's rule, or work moved off a rank at its CPU allowance).
         first: for such a plan, ``(step_s, before_s)`` of the first window that ran it where
-            that window alone could not tell (:meth:`Rounds.next`): its step, and the step
-            before at its speeds (:meth:`step_before_now`), seconds per step; else ``None``.
+            that window alone could not tell (its step within :data:`UNDO_MARGIN` of the step
+            before): its step, and the step before at its speeds (:meth:`step_before_now`),
+            seconds per step; else ``None``.
     """
 
     plan: Plan
@@ -517,7 +523,8 @@ class Rounds:
             through two windows (:func:`corrected_curves`), or ``None``.
         measured: the slowest busy seconds per step measured under each plan, by batches
             (``inf`` for a plan reverted from: never proposed again).
-        trial: the last change, until a window measures it, or ``None``.
+        trial: the last change, until a window (or two: :class:`Trial`) judges it, or
+            ``None``.
         held: ``(plan, busy_s)`` restored by a revert (or kept after a trial of the paper's
             rule), kept while no rank's share of the busy time drifts from its share in
             ``busy_s`` by more than ``threshold`` plus twice the window's relative standard
@@ -578,22 +585,25 @@ class Rounds:
                                     previous=tuple(zip(plan.batch_sizes, busy)))
         efficiency = balance_efficiency(busy)
         trial = self.trial
-        if trial is not None and tuple(trial.plan.batch_sizes) != key:
+        if trial is not None and (tuple(trial.plan.batch_sizes) != key
+                                  or (trial.first is not None and step_s is None)):
             # rebalance=K steps: the change takes effect K steps after it was decided, so
-            # this window ran the plan before it again; wait for one that runs it.
+            # this window ran the plan before it again; wait for one that runs it. Likewise
+            # for a second window that timed no step: the first alone could not tell.
             return Decision(trial.plan, False, 0.0, efficiency, busy), dataclasses.replace(
                 state, trial=trial)
         # A change the busy times predicted is undone when the step grew by more than
         # UNDO_MARGIN (noise); a plan nothing predicted (the paper's, an offload) is kept only
-        # if its step was not longer. Both against the step before plus any slowdown this
-        # window proves (Trial.step_before_now).
+        # if its step was not longer, over two windows where the first is within UNDO_MARGIN
+        # (_two_window_verdict). Both against the step before plus any slowdown the window
+        # proves (Trial.step_before_now).
         margin = 0.0 if trial is not None and trial.hold_if_kept else UNDO_MARGIN
         before_s = (trial.step_before_now(busy, noise)
                     if trial is not None and step_s is not None else None)
         if before_s is not None and trial.hold_if_kept:
-            if trial.first is None and before_s < step_s <= before_s * (1.0 + UNDO_MARGIN):
-                # Longer, but within one window's noise: run the plan one window more and
-                # judge the two windows' mean steps (_two_window_verdict).
+            if trial.first is None and abs(step_s - before_s) <= UNDO_MARGIN * before_s:
+                # Within one window's noise: run the plan one window more and judge the two
+                # windows' mean steps.
                 first = dataclasses.replace(trial, first=(float(step_s), before_s))
                 return (Decision(plan, False, 0.0, efficiency, busy, extended=True),
                         dataclasses.replace(state, trial=first))
@@ -668,14 +678,16 @@ def _two_window_verdict(first: Optional[Tuple[float, float]], step_s: float,
                         before_s: float) -> Tuple[float, float]:
     """The step of a plan nothing predicted and the step before, as judged: this window's
     (seconds per step), or where a first window could not tell (``first``, the pair
-    ``(step_s, before_s)`` it measured), the mean over both windows,
-    ``((s_1 + s_2) / 2, (b_1 + b_2) / 2)``.
+    ``(step_s, before_s)`` it measured, ``s_1`` within :data:`UNDO_MARGIN` of ``b_1``), the
+    mean over both windows, ``((s_1 + s_2) / 2, (b_1 + b_2) / 2)``.
 
     Why two: one epoch's mean step differs from the next's by a median of 2.6 % with the plan
-    fixed (:data:`UNDO_MARGIN`), as large as the gain such a plan can bring. On the 2-rank SyncBN
-    ResNet halving the quarter core's batch made its step 6-11 % shorter in a fixed-plan sweep,
-    yet two of four offload trials were undone by one window 1.6 and 4.0 % longer
-    (BENCHMARKS.md). A first window longer by more than UNDO_MARGIN is a verdict by itself.
+    fixed (:data:`UNDO_MARGIN`), a sizeable part of the gain such a plan can bring. On the
+    2-rank SyncBN ResNet, halving the quarter core's batch made its step 6-11 % shorter in a
+    fixed-plan sweep, yet two of four offload trials were undone by one window 1.6 and 4.2 %
+    longer than the step before (BENCHMARKS.md). Averaging two windows cuts the noise of the
+    mean by about a factor 1.4. A first window further than UNDO_MARGIN from the step before,
+    either way, is a verdict by itself.
 
     >>> _two_window_verdict(None, 0.62, 0.60)
     (0.62, 0.6)

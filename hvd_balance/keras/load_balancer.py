@@ -20,9 +20,9 @@ from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.cpu_allowance import CpuWindow, allowed_cores
 from ..core.plan import Plan
-from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, Rounds, balance_efficiency,
-                           calibration_step, communication_bound, paper_plan, robust_busy,
-                           round_threshold, share_weighted_noise)
+from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, UNDO_MARGIN, Rounds,
+                           balance_efficiency, calibration_step, communication_bound, paper_plan,
+                           robust_busy, round_threshold, share_weighted_noise)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`), as
     does a steady imbalance (the same rank the busiest in two windows of the same batches:
     :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the
-    next window's measured step time (busy + wait): a change
+    next window's measured step time (busy + wait; two windows' for the two plans nothing
+    predicts, below, where the first cannot tell): a change
     whose step is longer (by more than 5 %) than the plan before would take at that window's
     speeds (its own step, plus the slowdown of any rank that did no more work in more time,
     beyond the noise) is undone, and the plan restored is kept
@@ -79,8 +80,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     time plus that wait, half its work is moved to the others as a trial, and the faster plan
     kept: its collectives' threads share its CPU with its own work
     (:func:`hvd_balance.core.replan.starved_rank`). Where either trial's first window is
-    longer than the plan before by 5 % or less, within one window's noise, it runs one window
-    more and the two windows' mean step decides.
+    within 5 % of the plan before's step, longer or shorter, one window cannot tell: it runs
+    one window more and the two windows' mean step decides.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -444,7 +445,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                         print(decision.plan.table(), file=sys.stdout, flush=True)
                 elif decision.extended and self.verbose and collective.rank() == 0:
                     print(f"hvd_balance: epoch {self._epoch} step {step}: the step tried is "
-                          "longer by less than one window's noise: one window more",
+                          f"within {100 * UNDO_MARGIN:.0f}% of the step before: one window more",
                           file=sys.stdout, flush=True)
                 elif decision.changed and self.verbose and collective.rank() == 0:
                     what = (f"restored the plan before, its step {100 * decision.gain:.1f}% "

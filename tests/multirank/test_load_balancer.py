@@ -247,7 +247,7 @@ def test_a_rank_waiting_at_its_cpu_allowance_has_half_its_work_moved_once_as_a_t
     or reverted to the plan before), and no sample is lost. Rank 1's measured load is near
     the 0.9 mark (0.77-0.97 of its core per window here: its busy time and its wait for the
     gradients' allreduce do not spin; no offload in 1 of 7 runs), so the job may run twice
-    and must offload in one run; the other facts hold in every run."""
+    and must offload before its last round in one run; the other facts hold in every run."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to pin the ranks apart")
     missed = []
@@ -263,13 +263,12 @@ def test_a_rank_waiting_at_its_cpu_allowance_has_half_its_work_moved_once_as_a_t
             seen = r0["indices"][epoch] + r1["indices"][epoch]
             assert len(seen) == 10 * 128 == len(set(seen))
         offloads = [k for k, h in enumerate(history) if h["offloaded"]]
-        assert len(offloads) <= 1, history
-        if offloads:
+        assert len(offloads) <= 1 and 0 not in offloads, history
+        if offloads and offloads[0] < len(history) - 1:  # and a round after it to judge it
             break
         missed.append([(h["batch_sizes"], h["cpu_load"]) for h in history])
     else:
-        pytest.fail(f"no offload in 2 runs (plans, CPU loads): {missed}")
-    assert 0 < offloads[0] < len(history) - 1, history
+        pytest.fail(f"no offload before the last round in 2 runs (plans, CPU loads): {missed}")
     k = offloads[0]
     before, trial = history[k - 1], history[k]
     load = trial["cpu_load"]
@@ -281,6 +280,7 @@ def test_a_rank_waiting_at_its_cpu_allowance_has_half_its_work_moved_once_as_a_t
     # judged by the window that ran it (or, where that one could not tell, by two): reverted
     # to the plan before, or kept and held
     judged = history[k + 1:k + 3] if history[k + 1]["extended"] else history[k + 1:k + 2]
+    assert all(h["batch_sizes"] == halved and not h["changed"] for h in judged[:-1]), history
     verdict = judged[-1]
     if verdict["extended"]:  # the job ended before the second window's verdict
         assert verdict["batch_sizes"] == halved and not verdict["changed"], history

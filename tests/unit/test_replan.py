@@ -437,21 +437,37 @@ def test_a_rank_at_its_cpu_allowance_gets_half_its_work_moved_once_and_the_faste
 def test_a_plan_nothing_predicted_within_one_windows_noise_is_judged_over_two_windows():
     start = Plan.from_batch_sizes([437, 75])
     before = starved_step(start.batch_sizes)                       # 0.6 s
-    for second, kept in ((0.95, True), (1.0, False), (0.96, True)):
-        # The offload's first window is 3 % longer (within UNDO_MARGIN); the second decides.
-        steps = iter([before, 1.03 * before, second * before, second * before])
+    for first, second, kept in ((1.03, 0.95, True), (1.03, 1.0, False), (1.03, 0.96, True),
+                                (0.97, 1.04, False), (0.97, 1.02, True)):
+        # The offload's first window is within UNDO_MARGIN, either way: the second decides.
+        steps = iter([before, first * before, second * before, second * before])
         plans, decisions, rounds = run_starved_rounds(start, Rounds(calibrating=False),
                                                       lambda b: next(steps), [0.67, 0.98], 4)
         assert decisions[0].offloaded and plans[1] == plans[2] == (475, 37), plans
-        assert not decisions[1].changed and rounds.offloaded          # one window more
-        assert decisions[2].reverted == (not kept), (second, decisions)
+        assert decisions[1].extended and not decisions[1].changed and rounds.offloaded
+        assert not decisions[2].extended and decisions[2].reverted == (not kept), decisions
         assert plans[3] == ((475, 37) if kept else start.batch_sizes)
         assert rounds.trial is None and rounds.held[0].batch_sizes == plans[3]
-    # Longer by more than UNDO_MARGIN: one window is the verdict.
-    steps = iter([before, (1.0 + UNDO_MARGIN) * before + 0.001])
-    _, decisions, rounds = run_starved_rounds(start, Rounds(calibrating=False),
-                                              lambda b: next(steps), [0.67, 0.98], 2)
-    assert decisions[1].reverted and rounds.measured[(475, 37)] == float("inf")
+    # Further than UNDO_MARGIN, either way: one window is the verdict.
+    for factor, reverted in ((1.0 + UNDO_MARGIN + 0.01, True), (1.0 - UNDO_MARGIN - 0.01, False)):
+        steps = iter([before, factor * before, factor * before])
+        plans, decisions, rounds = run_starved_rounds(start, Rounds(calibrating=False),
+                                                      lambda b: next(steps), [0.67, 0.98], 3)
+        assert not decisions[1].extended and decisions[1].reverted == reverted, decisions
+        assert rounds.measured[(475, 37)] == (float("inf") if reverted else pytest.approx(0.285))
+    # The paper's plan too (a communication-bound step, 0.9 s); and a second window that
+    # timed no step is waited through.
+    paper, comm = Plan.from_batch_sizes([400, 112]), 0.9
+    d, rounds = Rounds(calibrating=False, paper=paper).next(
+        start, starved_busy(start.batch_sizes), step_s=comm)
+    assert d.explored and d.plan == paper
+    d, rounds = rounds.next(paper, starved_busy(paper.batch_sizes), step_s=1.02 * comm)
+    assert d.extended and d.plan == paper
+    d, rounds = rounds.next(paper, starved_busy(paper.batch_sizes), step_s=None)
+    assert not d.changed and not d.extended and rounds.trial.first == (1.02 * comm, comm)
+    d, rounds = rounds.next(paper, starved_busy(paper.batch_sizes), step_s=1.0 * comm)
+    assert d.reverted and d.plan.batch_sizes == start.batch_sizes      # 1.01 x, over two
+    assert d.gain == pytest.approx(1.0 - 1.0 / 1.01)
 
 
 def test_no_work_is_moved_where_no_rank_is_at_its_cpu_allowance_or_busy_most_of_the_step():
@@ -503,11 +519,12 @@ def test_the_offload_comes_after_the_papers_plan_and_any_change_busy_times_predi
     def step(batches):  # communication-bound: as long for both plans, shorter for the offload
         return 0.75 if batches[1] >= 60 else 0.70
 
-    plans, decisions, rounds = run_starved_rounds(start, Rounds(paper=paper), step, load, 5)
+    plans, decisions, rounds = run_starved_rounds(start, Rounds(paper=paper), step, load, 6)
     assert decisions[0].explored and plans[1] == paper.batch_sizes, decisions
-    assert not decisions[1].changed  # the paper's plan kept (its step not longer) and held
-    assert decisions[2].offloaded and plans[3][1] == plans[2][1] // 2, plans
-    assert not decisions[3].reverted and plans[4] == plans[3]  # shorter: kept
+    assert decisions[1].extended  # as long: one window cannot tell
+    assert not decisions[2].changed  # the paper's plan kept (its step not longer) and held
+    assert decisions[3].offloaded and plans[4][1] == plans[3][1] // 2, plans
+    assert not decisions[4].reverted and plans[5] == plans[4]  # 7 % shorter: kept at once
     # Where busy times predict a change, it is made first, and the offload waits.
     skewed = Plan.from_batch_sizes([256, 256])
     d, rounds = Rounds(calibrating=False).next(skewed, starved_busy((256, 256)), step_s=1.6,

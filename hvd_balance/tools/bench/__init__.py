@@ -35,7 +35,7 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   job, so that the job's own speed (the shared machine's load while it ran) is the same for
   both: one epoch of ``proportional`` (its benchmark, then its plan), then
   ``LoadBalancer(data)`` from equal batches until its epoch-end rounds settle (a revert, or
-  two rounds in a row that kept the plan; at most 5 epochs; its plan then is the default's),
+  two rounds in a row that kept the plan; at most 7 epochs; its plan then is the default's),
   then ``--epochs`` epochs (an even number) alternating the two plans, kept, in mirrored
   pairs (default, paper, paper, default, ...). Its summary line ``paired, paper / default
   step time`` is the median over pairs of the paper's median step / the default's

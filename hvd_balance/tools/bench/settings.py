@@ -25,8 +25,9 @@ def telemetry_window(steps_per_epoch: int) -> int:
     return max(MIN_SAMPLES + 1, steps_per_epoch // 3)
 # A paired job lets LoadBalancer(data) find its plan for at most this many epochs: until its
 # epoch-end rounds settle (worker._settled: a revert, or two rounds in a row that kept the
-# plan), not on a change the last round has just adopted and never measured.
-PAIRED_FIND_EPOCHS = 5
+# plan), not on a change the last round has just adopted and never measured. 7: the
+# calibration, then the paper's plan and an offload, each judged over up to two windows.
+PAIRED_FIND_EPOCHS = 7
 
 
 def paired_order(epochs: int):

@@ -385,8 +385,9 @@ def _settled(history, epoch: int) -> bool:
     is held), or it and the epoch-end round before it both decided to keep the plan in force
     (so the second had two windows of the same batches, which the steady-imbalance rule
     needs). ``False`` after a round that adopted a change (judged by the next window's step,
-    not yet measured), and for a round that decided nothing (too few timed steps: no
-    ``threshold`` in its record). The first steps' plan, made mid-epoch, is not an epoch-end
+    not yet measured) or ran a trial one window more (``extended``: its verdict comes from
+    the next), and for a round that decided nothing (too few timed steps: no ``threshold`` in
+    its record). The first steps' plan, made mid-epoch, is not an epoch-end
     round.
 
     >>> kept = {"step": 0, "changed": False, "reverted": False, "threshold": 0.08}
@@ -405,7 +406,8 @@ def _settled(history, epoch: int) -> bool:
         return bool(rounds[-1]["reverted"])
 
     def kept(round_):
-        return not round_["changed"] and round_["threshold"] is not None
+        return (not round_["changed"] and round_["threshold"] is not None
+                and not round_.get("extended"))
 
     return len(rounds) >= 2 and kept(rounds[-1]) and kept(rounds[-2])
 
