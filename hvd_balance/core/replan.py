@@ -525,8 +525,8 @@ class Rounds:
             (``inf`` for a plan reverted from: never proposed again).
         trial: the last change, until a window (or two: :class:`Trial`) judges it, or
             ``None``.
-        held: ``(plan, busy_s)`` restored by a revert (or kept after a trial of the paper's
-            rule), kept while no rank's share of the busy time drifts from its share in
+        held: ``(plan, busy_s)`` restored by a revert (or kept after a trial of a plan
+            nothing predicted: the paper's rule, an offload), kept while no rank's share of the busy time drifts from its share in
             ``busy_s`` by more than ``threshold`` plus twice the window's relative standard
             error (:func:`drifted`); or ``None``.
         paper: the paper's plan from the benchmark (:func:`paper_plan`), tried once where the
@@ -586,10 +586,10 @@ class Rounds:
         efficiency = balance_efficiency(busy)
         trial = self.trial
         if trial is not None and (tuple(trial.plan.batch_sizes) != key
-                                  or (trial.first is not None and step_s is None)):
+                                  or (trial.hold_if_kept and step_s is None)):
             # rebalance=K steps: the change takes effect K steps after it was decided, so
             # this window ran the plan before it again; wait for one that runs it. Likewise
-            # for a second window that timed no step: the first alone could not tell.
+            # for a window that timed no step, where only the step can judge the plan.
             return Decision(trial.plan, False, 0.0, efficiency, busy), dataclasses.replace(
                 state, trial=trial)
         # A change the busy times predicted is undone when the step grew by more than

@@ -235,6 +235,9 @@ def _round(epoch, step=0, changed=False, reverted=False, threshold=0.08):
     ([_round(1), _round(2)], 3, False),  # no round at this epoch's end
     ([_round(1, changed=True), _round(2)], 2, False),  # one window of these batches only
     ([_round(1, threshold=None), _round(2, threshold=None)], 2, False),  # nothing decided
+    ([_round(1), {**_round(2), "extended": True}], 2, False),  # a trial's verdict pending
+    ([{**_round(1), "extended": True}, _round(2)], 2, False),  # one round kept after it only
+    ([{**_round(1), "extended": True}, _round(2), _round(3)], 3, True),
 ])
 def test_the_default_settles_on_a_revert_or_two_rounds_that_kept_its_plan(history, epoch, settled):
     assert worker._settled(history, epoch) is settled

@@ -455,6 +455,14 @@ def test_a_plan_nothing_predicted_within_one_windows_noise_is_judged_over_two_wi
                                                       lambda b: next(steps), [0.67, 0.98], 3)
         assert not decisions[1].extended and decisions[1].reverted == reverted, decisions
         assert rounds.measured[(475, 37)] == (float("inf") if reverted else pytest.approx(0.285))
+    # A first window that timed no step is waited through.
+    _, rounds = Rounds(calibrating=False).next(start, starved_busy(start.batch_sizes),
+                                               step_s=before, cpu_load=[0.67, 0.98])
+    offload = rounds.trial.plan
+    d, rounds = rounds.next(offload, starved_busy(offload.batch_sizes), step_s=None)
+    assert d.plan == offload and not d.changed and rounds.trial.first is None
+    d, rounds = rounds.next(offload, starved_busy(offload.batch_sizes), step_s=1.1 * before)
+    assert d.reverted and d.plan.batch_sizes == start.batch_sizes
     # The paper's plan too (a communication-bound step, 0.9 s); and a second window that
     # timed no step is waited through.
     paper, comm = Plan.from_batch_sizes([400, 112]), 0.9

@@ -50,6 +50,11 @@ for path in sys.argv[1:]:
               f"after {first - 1} epochs; pairs",
               [round(x, 3) for x in j["summary"]["paired"]["pair_ratios"]],
               f"(median {st.median(j['summary']['paired']['pair_ratios']):.3f})")
+        flags = ("changed", "reverted", "explored", "offloaded", "extended", "benchmarked")
+        print("    the default's rounds (epoch/step: batches, step ms, what it did):",
+              "; ".join(f"{h['epoch']}/{h['step']}: {h['batch_sizes']}, "
+                        f"{h['step_ms'] or 0:.0f}, {' '.join(f for f in flags if h.get(f)) or '-'}"
+                        for h in r["replans"]))
         c = j["summary"]["paired"]  # figures.paired_comparison: each compared epoch's step
         print("    each compared epoch's step, ms: default",
               [round(1e3 * t) for t in c["default_step_s"]], "paper", [round(1e3 * t) for t in c["paper_step_s"]])

@@ -30,7 +30,7 @@ for f in sorted(glob.glob('docs/bench/**/*.json.gz', recursive=True)):
             if extended:  # the first window's re-timing is approximated by this one's
                 r = dict(r, step_ms=(h[i - 1]["step_ms"] + r["step_ms"]) / 2)
             verdict = r["step_ms"] > (1 + margin) * now
-            if margin == 0 and not extended and r["step_ms"] <= 1.05 * now:
+            if margin == 0 and not extended and abs(r["step_ms"] - now) <= 0.05 * now:
                 verdict = "no: today one window more (Rounds.next: within UNDO_MARGIN)"
             print(f"{f.split('/')[-1]:58s} epoch {r['epoch']} {'tried' if margin == 0 else 'busy '} "
                   f"before {t['step_ms']:6.1f} re-timed {now:6.1f} trial {r['step_ms']:6.1f} ms: "
