@@ -526,9 +526,9 @@ class Rounds:
         trial: the last change, until a window (or two: :class:`Trial`) judges it, or
             ``None``.
         held: ``(plan, busy_s)`` restored by a revert (or kept after a trial of a plan
-            nothing predicted: the paper's rule, an offload), kept while no rank's share of the busy time drifts from its share in
-            ``busy_s`` by more than ``threshold`` plus twice the window's relative standard
-            error (:func:`drifted`); or ``None``.
+            nothing predicted: the paper's rule, an offload), kept while no rank's share of
+            the busy time drifts from its share in ``busy_s`` by more than ``threshold`` plus
+            twice the window's relative standard error (:func:`drifted`); or ``None``.
         paper: the paper's plan from the benchmark (:func:`paper_plan`), tried once where the
             step is communication-bound (before any change busy times predict); ``None``:
             never tried.
