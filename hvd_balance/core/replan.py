@@ -154,6 +154,15 @@ def communication_bound(plan: Plan, busy_s: Sequence[float], step_s: float,
 # core). The margin to 4 ranks is thin: there a trial costs one or two windows, judged by
 # their step.
 CPU_SATURATED = 0.9
+# A rank at its CPU allowance is starved when it waits for the collectives themselves at least
+# as long as it is busy: ``busy_i + wait >= STARVED_WAIT * busy_i`` (:func:`starved_rank`).
+# That ratio for the rank using most of its allowance, per window of the paired jobs
+# (BENCHMARKS.md): 1.09-1.57 on the CNNs, the MLP, the text CNN and the fixed cost (busy for
+# most of the step: balancing busy times plans them); 2.13-4.74 on the 2-rank SyncBN ResNet.
+# At COMMUNICATION_BOUND's 2.5, two of four `849d1e1` ResNet jobs (windows at 2.13-2.47) tried
+# nothing, and the paper's plan, 76-83 samples on the quarter core against the default's
+# 85-99, had 5-6 % shorter steps in both.
+STARVED_WAIT = 2.0
 
 
 def starved_rank(busy_s: Sequence[float], step_s: float,
@@ -161,9 +170,9 @@ def starved_rank(busy_s: Sequence[float], step_s: float,
     """The rank whose CPU the step's collectives wait for, or ``None``: the one using most of
     its allowance among those that use at least :data:`CPU_SATURATED` of it (``cpu_load``:
     CPU seconds per wall second over the cores it may use; ``None``: unknown) while waiting
-    for the collectives themselves, not for a busier rank, for most of the step: ``busy_i +
-    (step_s - max_j busy_j) >= COMMUNICATION_BOUND * busy_i`` (seconds per step). Such a rank
-    spends most of its CPU outside its own work, in the collectives' threads among others,
+    for the collectives themselves, not for a busier rank, at least as long as it is busy:
+    ``busy_i + (step_s - max_j busy_j) >= STARVED_WAIT * busy_i`` (seconds per step). Such a
+    rank spends much of its CPU outside its own work, in the collectives' threads among others,
     which then run at its speed; less work frees CPU for them, which no busy time predicts.
     On the 2-rank SyncBN ResNet the quarter-core rank, at its quota and busy 186 of 604 ms a
     step at 75 samples (the full core 256), made the step 6-11 % shorter at 35 samples or
@@ -180,7 +189,7 @@ def starved_rank(busy_s: Sequence[float], step_s: float,
     collectives_s = float(step_s) - max(float(b) for b in busy_s)
     candidates = [(load, i) for i, (busy, load) in enumerate(zip(busy_s, cpu_load))
                   if load is not None and load >= CPU_SATURATED
-                  and float(busy) + collectives_s >= COMMUNICATION_BOUND * float(busy)]
+                  and float(busy) + collectives_s >= STARVED_WAIT * float(busy)]
     return max(candidates)[1] if candidates else None
 
 

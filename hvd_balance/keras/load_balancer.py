@@ -76,7 +76,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     from the benchmark, and the faster of the two as measured is kept. Likewise, once per
     ``fit``, where busy times see no better plan and a rank's CPU is at its allowance (a
     container's CPU limit or another cgroup quota, or the cores it is pinned to) while it
-    waits for the collectives themselves, not for a busier rank, for 60 % or more of its busy
+    waits for the collectives themselves, not for a busier rank, for half or more of its busy
     time plus that wait, half its work is moved to the others as a trial, and the faster plan
     kept: its collectives' threads share its CPU with its own work
     (:func:`hvd_balance.core.replan.starved_rank`). Where either trial's first window is
