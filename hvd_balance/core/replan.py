@@ -157,7 +157,7 @@ CPU_SATURATED = 0.9
 # A rank at its CPU allowance is starved when it waits for the collectives themselves at least
 # as long as it is busy: ``busy_i + wait >= STARVED_WAIT * busy_i`` (:func:`starved_rank`).
 # That ratio for the rank using most of its allowance, per window of the paired jobs
-# (BENCHMARKS.md): 1.09-1.57 on the CNNs, the MLP, the text CNN and the fixed cost (busy for
+# (BENCHMARKS.md): 1.09-1.61 on the CNNs, the MLP, the text CNN and the fixed cost (busy for
 # most of the step: balancing busy times plans them); 2.13-4.74 on the 2-rank SyncBN ResNet.
 # At COMMUNICATION_BOUND's 2.5, two of four `849d1e1` ResNet jobs (windows at 2.13-2.47) tried
 # nothing, and the paper's plan, 76-83 samples on the quarter core against the default's

@@ -489,7 +489,7 @@ def test_no_work_is_moved_where_no_rank_is_at_its_cpu_allowance_or_busy_most_of_
     assert starved_rank([0.256, 0.186], 0.604, [0.67, 0.98]) == 1
     # Waiting for the collectives as long as it is busy, or longer (STARVED_WAIT): the 2-rank
     # ResNet's quarter core busy 331 of a 779 ms step (2.33) is; the text CNN's, busiest and
-    # waiting 0.57 of its busy time (1.57, the most of any such window measured), is not.
+    # waiting 0.57 of its busy time (1.57), is not.
     assert starved_rank([0.340, 0.331], 0.779, [0.75, 0.99]) == 1
     assert starved_rank([0.200, 0.300], 0.471, [0.60, 1.00]) is None
     # Two at their allowance: the one using more of it.
