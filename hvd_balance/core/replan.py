@@ -9,7 +9,9 @@ the curve is corrected to pass through it:
   has a non-negative fixed cost and a slope within a factor 4 of the scaled curve's (two
   noisy points can give any slope): exact for any device whose step time is a fixed cost
   plus a cost per sample, whatever changed (a slower clock, a new fixed delay, Keras's
-  per-step overhead the benchmark did not see);
+  per-step overhead the benchmark did not see); where that line's fixed cost is negative, the
+  two windows allow none, and the curve becomes proportional through ``(b_i, m_i)`` (a curve
+  kept from earlier, whose fixed cost they disprove, would otherwise be scaled on);
 * otherwise it is scaled by ``m_i / t_i(b_i)``: exact when the device's speed changed by a
   factor (a CPU quota, a co-located job), and corrected by the next window otherwise. A new plan is adopted
 only if its predicted slowest step is shorter than the current plan's (under the corrected
@@ -312,6 +314,12 @@ def corrected_curves(plan: Plan, busy_s: Sequence[float],
                      previous: Optional[Sequence[Sequence[float]]] = None) -> List[TimeCurve]:
     """Each rank's curve corrected to pass through its measured busy time (module doc).
 
+    >>> kept = Plan(batch_sizes=(303, 40), global_batch_size=343,
+    ...             curves=(((128, 0.050), (243, 0.090)), ((71, 0.141), (128, 0.183))))
+    >>> curve = corrected_curves(kept, [0.110, 0.073], previous=[(243, 0.097), (71, 0.141)])[1]
+    >>> round(curve(98), 3)   # no fixed cost: 40 samples took 73 ms, so 98 take 98/40 of that
+    0.179
+
     ``previous`` is the window before: one ``(local_batch, busy_s)`` pair per rank, or
     ``None`` (for the whole job or a rank).
     """
@@ -333,6 +341,14 @@ def corrected_curves(plan: Plan, busy_s: Sequence[float],
             # agrees with the benchmark's shape within a factor of 4.
             if m - slope * b >= 0 and expected / 4 <= slope <= 4 * expected:
                 out.append(TimeCurve(sorted([(int(prev[0]), float(prev[1])), (int(b), float(m))])))
+                continue
+            if m - slope * b < 0:
+                # The windows allow no fixed cost, and scaling would keep the one the curve
+                # has: on the 4-rank CNN a line from epoch 1's slow windows (88 ms fixed, 0.74
+                # ms a sample on a quarter core) survived, scaled, a window at 40 samples (73
+                # ms, 1.8 ms a sample); it planned 98 samples there, and the step grew from 128
+                # to 182 ms (BENCHMARKS.md). Proportional through this window, the newer.
+                out.append(TimeCurve([(b, m)]))
                 continue
         out.append(scaled)
     return out
