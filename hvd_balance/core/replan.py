@@ -344,7 +344,7 @@ def corrected_curves(plan: Plan, busy_s: Sequence[float],
                 continue
             if m - slope * b < 0:
                 # The windows allow no fixed cost, and scaling would keep the one the curve
-                # has: on the 4-rank CNN a line from epoch 1's slow windows (88 ms fixed, 0.74
+                # has: on the 4-rank CNN a line from epoch 1's slow windows (90 ms fixed, 0.73
                 # ms a sample on a quarter core) survived, scaled, a window at 40 samples (73
                 # ms, 1.8 ms a sample); it planned 98 samples there, and the step grew from 128
                 # to 182 ms (BENCHMARKS.md). Proportional through this window, the newer.

@@ -117,8 +117,8 @@ def test_corrected_curves_pass_through_the_measurements():
 def test_a_fixed_cost_two_windows_disprove_is_not_scaled_on():
     # Like the 4-rank CNN's quarter core (BENCHMARKS.md): a line from epoch 1's slow windows
     # gave rank 1 an 89 ms fixed cost; at 40 samples it then takes 60 ms, 1.5 ms a sample, and
-    # the line through that window and the one before (71 samples, 141 ms) is below zero at no
-    # batch. Scaled, the old line would plan it 104 samples (156 ms at its real speed, rank 0's
+    # the line through that window and the one before (71 samples, 141 ms) has a negative
+    # fixed cost (-45 ms). Scaled, the old line would plan it 104 samples (156 ms at its real speed, rank 0's
     # 84); the proportional curve plans what balances its 1.5 ms a sample against 0.35.
     kept = Plan(batch_sizes=(303, 40), global_batch_size=343,
                 curves=(((128, 0.0448), (243, 0.085)), ((71, 0.141), (128, 0.183))))
