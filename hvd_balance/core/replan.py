@@ -25,10 +25,11 @@ Busy time is not the whole step: a rank also waits in the collectives, and on a 
 own share of them runs at its slow speed, more so the more work it was given. Where that share is
 large (communication-bound steps), a plan that equalizes busy times can make the step *longer*
 (measured on 4 ranks: a ResNet with ``SyncBatchNormalization`` went from 0.78 to 0.90 s a step
-after a re-plan predicted 18 % shorter). So every change is a trial, judged by the step time the
-next window measures (busy + wait, seconds per step): a change whose step is longer by more
-than :data:`UNDO_MARGIN` (5 %) than the plan before would take at that window's speeds (its
-own step, plus any slowdown the window proves: a rank that did no more work in more time,
+after a re-plan predicted 18 % shorter). So every change (but the first steps':
+:meth:`Rounds.first_steps`) is a trial, judged by the step time the next window measures
+(busy + wait, seconds per step): a change whose step is longer by more than
+:data:`UNDO_MARGIN` (5 %) than the plan before would take at that window's speeds (its own
+step, plus any slowdown the window proves: a rank that did no more work in more time,
 :meth:`Trial.step_before_now`) is reverted, and the plan reverted to is held until the
 ranks' relative speeds drift by more than the threshold plus the noise allowance
 (:class:`Rounds`). Where a window is communication-bound (:data:`COMMUNICATION_BOUND`), busy
@@ -671,6 +672,28 @@ class Rounds:
             trial = Trial(decision.plan, plan, float(step_s), busy)
             state = dataclasses.replace(state, trial=trial)
         return decision, state
+
+    def first_steps(self, plan: Plan, busy_s: Sequence[float],
+                    noise: Optional[Sequence[float]] = None) -> Tuple[Decision, "Rounds"]:
+        """The round on the first real steps of equal batches (``LoadBalancer(benchmark=False)``):
+        a coarse measure, as a benchmark is, so the round after it is the calibration whether
+        or not it moved the plan (at 8 %, a plan from them that left the quarter core 10-15 %
+        busier stayed all job: predicted 11.1 and 10.4 % gains, BENCHMARKS.md). Its two timed
+        steps weigh each rank's noise by its share of the step (:func:`share_weighted_noise`)
+        and tell nothing of a CPU's allowance, and their step is no baseline, so a plan they
+        prompt is not a trial: prefetched batches can hide an input's cost from them, and the
+        next window's step is then longer under any plan (rank 1's input at 4 ms a sample in
+        ``test_by_default_the_first_plan_sees_the_real_input_cost``), which would undo a
+        right plan. The calibration round judges that plan by busy times instead.
+
+        >>> rounds = Rounds(calibrating=True)
+        >>> d, rounds = rounds.first_steps(Plan.from_batch_sizes([32, 32]), [0.010, 0.030])
+        >>> d.plan.batch_sizes, rounds.calibrating, rounds.trial
+        ((48, 16), True, None)
+        """
+        weighted = None if noise is None else share_weighted_noise(noise, busy_s)
+        decision, state = self.next(plan, busy_s, weighted)
+        return decision, dataclasses.replace(state, calibrating=True)
 
     def _explore(self, plan: Plan, busy: Tuple[float, ...], step_s: Optional[float],
                  state: "Rounds") -> Optional[Tuple[Decision, "Rounds"]]:

@@ -3,7 +3,6 @@ benchmark), applies a balanced plan, and re-plans when the measured speeds drift
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -22,7 +21,7 @@ from ..core.cpu_allowance import CpuWindow, allowed_cores
 from ..core.plan import Plan
 from ..core.replan import (DEFAULT_THRESHOLD, MIN_SAMPLES, UNDO_MARGIN, Rounds,
                            balance_efficiency, calibration_step, communication_bound, paper_plan,
-                           robust_busy, round_threshold, share_weighted_noise)
+                           robust_busy, round_threshold)
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     of its own without the input pipeline and Keras's per-step work): it re-plans for any gain
     above 2 % and the window's noise (:func:`hvd_balance.core.replan.round_threshold`), as
     does a steady imbalance (the same rank the busiest in two windows of the same batches:
-    :func:`hvd_balance.core.replan.steady_imbalance`). Every change is a trial judged by the
+    :func:`hvd_balance.core.replan.steady_imbalance`). Every change but the first real
+    steps' (:meth:`hvd_balance.core.replan.Rounds.first_steps`) is a trial judged by the
     next window's measured step time (busy + wait; two windows' for the two plans nothing
     predicts, below, where the first cannot tell): a change
     whose step is longer (by more than 5 %) than the plan before would take at that window's
@@ -417,21 +417,13 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
                 noise = [w["busy_rse"] for w in window]
-                if first_steps:  # two timed steps: a fast rank's noise is not the step's
-                    noise = share_weighted_noise(noise, busy)
                 pooled_noise = [w["pooled_busy_rse"] for w in window]
-                # Two steps are too few to tell a CPU at its allowance.
-                cpu_load = None if first_steps else record["cpu_load"]
+                rounds = self._rounds
                 decision, self._rounds = collective.agree(
-                    lambda: self._rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise,
-                                              cpu_load),
+                    (lambda: rounds.first_steps(self.plan, busy, noise)) if first_steps else
+                    (lambda: rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise,
+                                         record["cpu_load"])),
                     name="hvd_balance.rebalance")
-                if first_steps:
-                    # Two timed steps are a coarse measure, as a benchmark is: the first full
-                    # window is the calibration (its threshold), whether or not they moved the
-                    # plan. At 8 %, a plan from them that left the quarter core 10-15 % busier
-                    # stayed all job (predicted 11.1 and 10.4 % gains; BENCHMARKS.md).
-                    self._rounds = dataclasses.replace(self._rounds, calibrating=True)
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,
                               offloaded=decision.offloaded, extended=decision.extended,

@@ -222,6 +222,28 @@ def test_a_change_that_lengthens_the_step_is_undone_and_the_plan_held():
     assert rounds.held is not None and rounds.trial is None
 
 
+def test_the_first_steps_plan_is_no_trial_and_the_round_after_is_the_calibration():
+    # Rank 1 is 2x slower a sample; its input pipeline costs 15 ms a step outside its busy
+    # time, which prefetched batches hid from the first steps' step: the window after them
+    # has a longer step under any plan.
+    def busy(batches):
+        return [0.0003125 * batches[0], 0.000625 * batches[1]]
+
+    equal = Plan.from_batch_sizes([32, 32])
+    first, rounds = Rounds().first_steps(equal, busy((32, 32)), noise=[0.02, 0.02])
+    assert first.changed and first.plan.batch_sizes == (43, 21)
+    assert rounds.calibrating and rounds.trial is None
+    window = busy(first.plan.batch_sizes)
+    step_s = max(window) + 0.015                   # 28 ms against the first steps' 21
+    d, after = rounds.next(first.plan, window, noise=[0.02, 0.02], step_s=step_s)
+    assert not d.reverted and d.plan.batch_sizes == (43, 21)
+    assert d.threshold == CALIBRATION_THRESHOLD and not after.calibrating
+    # As an ordinary trial, the same first plan would have been undone, back to equal batches.
+    _, trial = Rounds().next(equal, busy((32, 32)), noise=[0.02, 0.02], step_s=0.021)
+    undo, _ = trial.next(first.plan, window, noise=[0.02, 0.02], step_s=step_s)
+    assert undo.reverted and undo.plan.batch_sizes == (32, 32)
+
+
 def test_a_change_that_shortens_the_step_is_kept():
     def busy(batches):
         return [0.001 * batches[0], 0.004 * batches[1]]

@@ -9,13 +9,12 @@ benchmark mid-fit stop there (the benchmark's curves are not recorded).
 Usage: python docs/bench/first_steps/replay_rounds.py FILE.json[.gz] ...
 (from the repository root; compare its output at two commits to see what a rule changes)
 """
-import dataclasses
 import gzip
 import json
 import sys
 
 from hvd_balance.core.plan import Plan
-from hvd_balance.core.replan import Rounds, share_weighted_noise
+from hvd_balance.core.replan import Rounds
 
 
 def jobs(paths):
@@ -38,21 +37,20 @@ def replay(history, global_batch):
         if r.get("benchmarked") or any(b is None for b in r["busy_ms"]):
             return out, "stops (benchmarked mid-fit, or a window without busy times)"
         busy = [b / 1e3 for b in r["busy_ms"]]
-        first = k == 0  # the first steps: two timed steps (LoadBalancer._replan)
-        noise = share_weighted_noise(r["busy_rse"], busy) if first else r["busy_rse"]
         step = None if r["step_ms"] is None else r["step_ms"] / 1e3
         if same and same[-1][0] == plan.batch_sizes:
             same.append((plan.batch_sizes, busy, r["busy_rse"]))
         else:
             same = [(plan.batch_sizes, busy, r["busy_rse"])]
         pooled = pooled_noise = None
-        if not first and len(same) > 1:
+        if len(same) > 1:
             pooled = [sum(w[1][i] for w in same) / len(same) for i in range(n)]
             pooled_noise = [max(w[2][i] for w in same) / len(same) ** 0.5 for i in range(n)]
-        d, rounds = rounds.next(plan, busy, noise, step, pooled, pooled_noise,
-                                None if first else r.get("cpu_load"))
-        if first:
-            rounds = dataclasses.replace(rounds, calibrating=True)
+        if k == 0:  # the first steps (LoadBalancer._replan)
+            d, rounds = rounds.first_steps(plan, busy, r["busy_rse"])
+        else:
+            d, rounds = rounds.next(plan, busy, r["busy_rse"], step, pooled, pooled_noise,
+                                    r.get("cpu_load"))
         out.append((r["epoch"], r["step"], list(d.plan.batch_sizes), r["batch_sizes"],
                     round(d.gain, 3)))
         if list(d.plan.batch_sizes) != r["batch_sizes"]:
