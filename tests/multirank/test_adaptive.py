@@ -8,7 +8,8 @@ one of the two runs.
 import numpy as np
 import pytest
 
-from hvd_balance.core.replan import DEFAULT_THRESHOLD, calibration_step, drifted, noise_allowance
+from hvd_balance.core.replan import (CALIBRATION_THRESHOLD, DEFAULT_THRESHOLD, calibration_step,
+                                     drifted, noise_allowance, share_weighted_noise)
 from support import run_ranks
 
 SCRIPT = "tests/rank_scripts/drift_fit.py"
@@ -127,9 +128,16 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
         plans, history = per_rank[0]["plans"], per_rank[0]["history"]
         if plans[0][0] != [128, 128]:
             return f"did not start from equal batches: {plans[0][0]}"
-        if not history or not history[0]["changed"] or history[0]["step"] != calibration_step(16):
-            return f"the first steps did not re-plan: {history}"
-        if plans[0][calibration_step(16)] != history[0]["batch_sizes"]:
+        first = history[0] if history else None
+        if not first or first["step"] != calibration_step(16):
+            return f"no round on the first steps: {history}"
+        # Their two timed steps may carry more noise than the gain (here: a predicted 26 % held
+        # back at a 38 ms delay, rank 0's first steps 46 ms against a later 34); the rule then
+        # holds the plan and the calibration round after them decides.
+        allowance = noise_allowance(share_weighted_noise(first["busy_rse"], first["busy_ms"]))
+        if not first["changed"] and first["gain"] > CALIBRATION_THRESHOLD + allowance:
+            return f"the first steps did not re-plan for a gain above their noise: {history}"
+        if plans[0][calibration_step(16)] != first["batch_sizes"]:
             return f"the first steps' plan did not apply from step 3: {plans[0]}"
         last = plans[-1][-1]
         if not last[0] > last[1]:
@@ -137,18 +145,17 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
         end = [h for h in history if h["epoch"] == epochs - 1]
         if max(h["efficiency"] for h in end) >= 0.85:
             return None
-        # Where rank 0's whole step costs less than rank 1's delay alone (on a fast machine:
-        # 16-18 ms a step at 240-247 samples, 2026-12-01), no plan balances their busy times;
-        # the balancer must then have moved all but a sixteenth of the work to rank 0.
-        if end[-1]["busy_ms"][0] < delay_ms and last[1] <= 256 // 16:
-            return None
         return f"efficiency in the last epoch {[h['efficiency'] for h in end]}: {history}"
 
-    # rank 1 pays 25 ms a step from the start, a fixed cost that the first, proportional
-    # re-plan overcharges and the line through two windows then corrects. (At 15 ms the first
-    # 6-step window predicts 26-35 %, which its noise allowance held back in 1 run of 8; at
-    # 25 ms it predicts 37-46 % and 8 runs in 8 re-planned there.)
-    run_scenario([epochs, 0, delay_ms, k, "telemetry"], epochs, problems)
+    # Rank 1 pays 25 ms a step from the start, a fixed cost that the first, proportional
+    # re-plan overcharges and later rounds correct. The convolutions have 48 filters so that a
+    # balance exists on any machine this runs on: rank 0's whole step must cost more than the
+    # delay, and with 32 filters a machine 2x faster than usual took 16-18 ms at 240-247
+    # samples (2026-12-01): no balance, which the test then had to special-case (CI of f4b0285
+    # failed it in both runs, its problems truncated in the log).
+    # With 48 (2026-12-03): 0.29 ms a sample on rank 0, 74 ms at 256; first steps' predicted
+    # gains 21-25 %; the last epoch's best window 0.96-0.99 in 4 runs of 4.
+    run_scenario([epochs, 0, delay_ms, k, "telemetry", 48], epochs, problems)
 
 
 @pytest.mark.timeout(300)

@@ -1,10 +1,12 @@
 """Training with rebalancing while one rank slows down; every rank reports what it saw.
 
-Usage: horovodrun -np 2 python drift_fit.py EPOCHS SLOW_FROM_EPOCH DELAY_MS [REBALANCE [START]]
+Usage: horovodrun -np 2 python drift_fit.py EPOCHS SLOW_FROM_EPOCH DELAY_MS [REBALANCE [START
+[FILTERS]]]
 From epoch SLOW_FROM_EPOCH on, rank 1 pays DELAY_MS extra per step (a sleep between steps,
 which its busy time includes). REBALANCE: "epoch" (default), "off", or a number of steps.
 START: "benchmark" (default) or "telemetry" (``LoadBalancer(benchmark=False)``: equal batches
-first, no benchmark phase).
+first, no benchmark phase). FILTERS: the convolutions' filters (default 32), the work a sample
+costs (about linear in it).
 Emits per rank (``_result.emit``): {"rank", "plans", "history", "steps", "indices", "logs"}.
 """
 import sys
@@ -22,6 +24,7 @@ epochs, slow_from, delay_ms = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv
 rebalance = sys.argv[4] if len(sys.argv) > 4 else "epoch"
 rebalance = int(rebalance) if rebalance.isdigit() else rebalance
 start = sys.argv[5] if len(sys.argv) > 5 else "benchmark"
+filters = int(sys.argv[6]) if len(sys.argv) > 6 else 32
 rank = hvd.rank()
 rng = np.random.default_rng(0)
 x = rng.normal(size=(4096, 16, 16, 1)).astype("float32")
@@ -29,8 +32,8 @@ y = rng.integers(0, 10, size=4096)
 data = hvd_balance.BalancedData(x, y, global_batch_size=256, seed=1,
                                 segment_steps=rebalance if isinstance(rebalance, int) else None)
 tf.keras.utils.set_random_seed(2)
-model = tf.keras.Sequential([tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D(32, 3, activation="relu"),
-                             tf.keras.layers.Conv2D(32, 3, activation="relu"), tf.keras.layers.Flatten(),
+model = tf.keras.Sequential([tf.keras.Input((16, 16, 1)), tf.keras.layers.Conv2D(filters, 3, activation="relu"),
+                             tf.keras.layers.Conv2D(filters, 3, activation="relu"), tf.keras.layers.Flatten(),
                              tf.keras.layers.Dense(10)])
 model.compile(optimizer=hvd_balance.DistributedOptimizer(tf.keras.optimizers.SGD(0.01)),
               loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
