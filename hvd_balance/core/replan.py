@@ -678,7 +678,7 @@ class Rounds:
         """The round on the first real steps of equal batches (``LoadBalancer(benchmark=False)``):
         a coarse measure, as a benchmark is, so the round after it is the calibration whether
         or not it moved the plan (at 8 %, a plan from them that left the quarter core 10-15 %
-        busier stayed all job: predicted 11.1 and 10.4 % gains, BENCHMARKS.md). Its two timed
+        busier stayed all job: predicted 11.1 and 10.4 % gains, BENCHMARKS.md). Its few timed
         steps weigh each rank's noise by its share of the step (:func:`share_weighted_noise`)
         and tell nothing of a CPU's allowance, and their step is no baseline, so a plan they
         prompt is not a trial: prefetched batches can hide an input's cost from them, and the

@@ -35,7 +35,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     first ``CALIBRATION_STEPS`` (3) real steps every rank's measured busy time per step is
     gathered and every rank adopts a plan with batches proportional to the measured speeds
     (the paper's rule, on the real step: input pipeline and Keras's per-step work included),
-    from the next step on; the input pipeline waits for it there. At the first window that is
+    from the next step on (unless the predicted gain is within those steps' noise); the input pipeline waits for it there. At the first window that is
     communication-bound (a step 2.5 times the largest busy time or more, which busy times do
     not predict), those steps or a later one, it benchmarks there instead, as below, and goes
     on as after a benchmark. With ``benchmark=True``
