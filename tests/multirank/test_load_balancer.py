@@ -194,7 +194,12 @@ def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_
     assert (first["epoch"], first["step"], first["changed"]) == (0, at, True)
     assert first["threshold"] == CALIBRATION_THRESHOLD
     b0, b1 = first["batch_sizes"]
-    assert b0 + b1 == 128 and b1 < 0.45 * 64, first  # proportional to 1 : 4 would give 26
+    # 4 ms against 1 ms a sample, plus each step's own overhead on both ranks
+    busy0, busy1 = first["busy_ms"]
+    assert busy1 > 2.5 * busy0, first
+    # proportional to the measured busy times (one-point curves): 1 : 4 would give 26; CI on
+    # tf-keras measured 1 : 3.3 (about 20 ms of overhead a step) and planned 30
+    assert b0 + b1 == 128 and abs(b1 - 128 * busy0 / (busy0 + busy1)) <= 1, first
     for rank, mine in ((0, b0), (1, b1)):
         batches, weights = results[rank]["batches"][0], results[rank]["weights"][0]
         assert batches == [64] * at + [mine] * (10 - at), batches
