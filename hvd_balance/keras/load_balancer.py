@@ -35,9 +35,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     first ``CALIBRATION_STEPS`` (3) real steps every rank's measured busy time per step is
     gathered and every rank adopts a plan with batches proportional to the measured speeds
     (the paper's rule, on the real step: input pipeline and Keras's per-step work included),
-    from the next step on (unless the predicted gain is within those steps' noise); the input pipeline waits for it there. At the first window that is
-    communication-bound (a step 2.5 times the largest busy time or more, which busy times do
-    not predict), those steps or a later one, it benchmarks there instead, as below, and goes
+    from the next step on (unless the predicted gain is within those steps' noise); the input
+    pipeline waits for it there. At the first window that is communication-bound (a step 2.5
+    times the largest busy time or more, which busy times do not predict), those steps or a later one, it benchmarks there instead, as below, and goes
     on as after a benchmark. With ``benchmark=True``
     (the default where re-planning cannot run, or with ``rebalance="off"`` or memory caps),
     every rank first times its training step at a few local batch sizes instead, and rank 0
@@ -414,15 +414,13 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 record.update(changed=True, benchmarked=True, batch_sizes=list(plan.batch_sizes))
             elif replanning:
                 threshold = round_threshold(self.threshold, self._rounds.calibrating)
-                pooled = [w["pooled_busy_s"] for w in window]
                 # Decided on rank 0 and handed to all with the state after it.
                 noise = [w["busy_rse"] for w in window]
-                pooled_noise = [w["pooled_busy_rse"] for w in window]
-                rounds = self._rounds
                 decision, self._rounds = collective.agree(
-                    (lambda: rounds.first_steps(self.plan, busy, noise)) if first_steps else
-                    (lambda: rounds.next(self.plan, busy, noise, step_s, pooled, pooled_noise,
-                                         record["cpu_load"])),
+                    (lambda: self._rounds.first_steps(self.plan, busy, noise)) if first_steps else
+                    (lambda: self._rounds.next(
+                        self.plan, busy, noise, step_s, [w["pooled_busy_s"] for w in window],
+                        [w["pooled_busy_rse"] for w in window], record["cpu_load"])),
                     name="hvd_balance.rebalance")
                 record.update(gain=decision.gain, changed=decision.changed,
                               reverted=decision.reverted, explored=decision.explored,

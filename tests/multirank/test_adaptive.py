@@ -150,9 +150,9 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
     # Rank 1 pays 25 ms a step from the start, a fixed cost that the first, proportional
     # re-plan overcharges and later rounds correct. The convolutions have 48 filters so that a
     # balance exists on machines up to about 2.5x faster than this one: rank 0's whole step
-    # must cost more than the delay, and with 32 filters a machine 2x faster than usual took 16-18 ms at 240-247
-    # samples (2026-12-01): no balance, which the test then had to special-case (CI of f4b0285
-    # failed it in both runs, its problems truncated in the log).
+    # must cost more than the delay, and with 32 filters a machine 2x faster than usual took
+    # 16-18 ms at 240-247 samples (2026-12-01): no balance, which the test then had to
+    # special-case (CI of f4b0285 failed it in both runs, its problems truncated in the log).
     # With 48 (2026-12-03): 0.29 ms a sample on rank 0, 74 ms at 256; first steps' predicted
     # gains 21-25 %; the last epoch's best window 0.96-0.99 in 4 runs of 4.
     run_scenario([epochs, 0, delay_ms, k, "telemetry", 48], epochs, problems)
