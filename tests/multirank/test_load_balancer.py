@@ -225,11 +225,11 @@ def test_a_communication_bound_start_benchmarks_instead():
     r0, r1 = results[0], results[1]
     assert r0["history"] == r1["history"]
     first = r0["history"][0]
-    assert first["benchmarked"] and first["changed"] and first["step"] == 3, first
-    assert first["step_ms"] >= 2.5 * max(first["busy_ms"]), first
+    assert first["benchmarked"] and first["changed"] and first["step"] == 3, str(first)
+    assert first["step_ms"] >= 2.5 * max(first["busy_ms"]), str(first)
     assert r0["benchmark_s"] > 0  # the plan in force came from a benchmark (or its re-plans)
     b0, b1 = first["batch_sizes"]
-    assert b0 + b1 == 128 and b1 < b0, first
+    assert b0 + b1 == 128 and b1 < b0, str(first)
     for rank, mine in ((0, b0), (1, b1)):  # between them, the benchmark's own 16 and 32
         batches = results[rank]["batches"][0]
         assert batches[:3] == [64] * 3 and batches[-7:] == [mine] * 7, batches
