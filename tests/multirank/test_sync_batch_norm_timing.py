@@ -9,7 +9,9 @@ from support import run_ranks
 
 pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
 
-DELAY_MS = 2.0  # per sample on rank 1: 32 ms a step of 16 samples
+# per sample on rank 1: 80 ms a step of 16 samples. (At 2.0 the StepTimer check below had
+# 3.2 ms of margin at 8 samples, within a loaded machine's noise.)
+DELAY_MS = 5.0
 
 
 @pytest.mark.timeout(400)
@@ -21,7 +23,7 @@ def test_a_slow_rank_is_slow_to_the_step_timer_and_the_telemetry(variant):
     per_rank = run.results()
     assert sorted(per_rank) == [0, 1]
     fast, slow = per_rank[0], per_rank[1]
-    # the StepTimer: each rank timed its own sizes, and rank 1's 8 samples cost >= 16 ms more
+    # the StepTimer: each rank timed its own sizes, and rank 1's 8 samples cost >= 32 ms more
     assert [b for b, _ in fast["curve"]] == [4, 8] and [b for b, _ in slow["curve"]] == [4, 8, 16]
     fast_8, slow_8 = dict(fast["curve"])[8], dict(slow["curve"])[8]
     assert slow_8 > fast_8 + 0.8 * 8 * DELAY_MS / 1e3, (fast["curve"], slow["curve"])

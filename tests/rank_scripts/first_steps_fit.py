@@ -11,7 +11,8 @@ allowance while its step is mostly waiting, as a quarter core's is in SyncBatchN
 collectives. Every step, a layer records the local batch the rank really computed. Emits per
 rank {"rank", "benchmark", "history", "plan", "batches" (per epoch, the local batch of each
 step), "weights" (per epoch, the gradient weight in force at each step), "indices" (per epoch,
-data.indices), "pipeline_matches_indices" (epoch 0 replayed)}.
+data.indices), "pipeline_matches_indices" (epoch 0 replayed), "cpu_saturated" (the CPU load
+bar the run used: lowered for ``starved``)}.
 """
 import os
 import sys
@@ -26,6 +27,7 @@ import tensorflow as tf
 import hvd_balance.keras as hvd
 
 import hvd_balance
+from hvd_balance.core import replan
 from hvd_balance.keras.optimizer import gradient_weight_of
 from hvd_balance.keras.telemetry import timed_collective
 from _busy import PerSampleBusy
@@ -78,6 +80,11 @@ class CollectiveWait(tf.keras.layers.Layer):
 
 
 comm = mode in ("comm", "starved")
+if mode == "starved":
+    # Rank 1's load measured 0.77-0.97 of its core a window (its busy time and its wait for the
+    # gradients' allreduce do not spin), around the library's 0.9, and 1 run in 7 offloaded
+    # nothing; the bar below that range tests the trial, not where the load falls.
+    replan.CPU_SATURATED = 0.7
 epochs = 6 if mode == "starved" else 2
 # ``comm``: a quarter of the compute, so the benchmark's 16 and 32 samples differ by 12 ms
 # between the ranks (a tenth left 5 ms, within a loaded machine's noise, and CI once planned
@@ -121,5 +128,6 @@ data.set_epoch(0)
 replay = np.concatenate([b[0].numpy() for b in data])
 emit({"rank": rank, "benchmark": balancer.benchmark, "benchmark_s": balancer.plan.benchmark_s,
       "history": balancer.history, "plan": list(balancer.plan.batch_sizes),
+      "cpu_saturated": replan.CPU_SATURATED,
       "batches": steps.batches, "weights": steps.weights, "indices": indices,
       "pipeline_matches_indices": bool(np.array_equal(replay, x[np.concatenate(data.indices(0))]))})
