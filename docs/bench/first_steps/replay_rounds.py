@@ -31,7 +31,7 @@ def replay(history, global_batch):
     """Today's decisions over one job's recorded windows, from equal batches (the default's
     start without a benchmark), as ``(outcomes, verdict)``."""
     n = len(history[0]["batch_sizes"])
-    plan = Plan.from_batch_sizes([global_batch // n + (i < global_batch % n) for i in range(n)])
+    plan = Plan.uniform(global_batch, n)
     rounds, out, same = Rounds(calibrating=True), [], []
     for k, r in enumerate(history):
         if r.get("benchmarked") or any(b is None for b in r["busy_ms"]):

@@ -49,8 +49,7 @@ def true_busy(lines, batch_sizes):
 def job(lines, global_batch, rounds, seed):
     """The final plan's batch sizes after ``rounds`` rounds from equal batches."""
     rng = np.random.default_rng(seed)
-    n = len(lines)
-    plan = Plan.from_batch_sizes([global_batch // n + (r < global_batch % n) for r in range(n)])
+    plan = Plan.uniform(global_batch, len(lines))
     state = Rounds(calibrating=True)
     for k in range(rounds):
         windows = [[t * rng.lognormal(0.0, NOISE) for _ in range(STEPS)]
