@@ -23,7 +23,7 @@ def rounds(result):
         if not r["changed"]:
             continue
         what = ("undone" if r["reverted"] else "paper's plan" if r["explored"] else
-                "offload" if r.get("offloaded") else "benchmarked" if r["benchmarked"] else
+                "offload" if r.get("offloaded") else "benchmarked" if r.get("benchmarked") else
                 f"{100 * r['gain']:.1f} % predicted, thr {100 * r['threshold']:.0f} %")
         out.append(f"e{r['epoch']} s{r['step']}: {'/'.join(map(str, r['batch_sizes']))} ({what})")
     return "; ".join(out) or "-"
