@@ -195,6 +195,22 @@ def test_a_paired_job_compares_its_plans_pair_by_pair():
     assert "(median of 6 pairs, 95 % interval 0.900-1.300;" in line
 
 
+def test_the_control_is_summarized_apart_from_the_paired_jobs():
+    order = settings.paired_order(4)
+    jobs = [{"strategy": strategy, "rep": 0, "summary": {
+        "paired": figures.paired_comparison(_paired_result(steps, order)), **_minimal_summary()}}
+        for strategy, steps in (("paired", [100, 110, 120, 100]), ("control", [100, 98, 103, 100]))]
+    summary = figures.summarize(jobs, ["paired", "control"], 512)
+    assert summary["paired"]["pair_ratios_per_rep"] == [pytest.approx([1.10, 1.20])]
+    assert summary["control"]["pair_ratios_per_rep"] == [pytest.approx([0.98, 1.03])]
+    assert summary["control"]["paper_over_default_step"] == pytest.approx(1.005)
+    lines = driver.format_summary({**summary, "targets": {}}).splitlines()
+    assert any(l.startswith("paired, paper / default step time: 1.150 (median of 2 pairs")
+               for l in lines)
+    assert any(l.startswith("control (A/A), paper / paper step time: 1.005 (median of 2 pairs")
+               for l in lines)
+
+
 def test_the_interval_of_a_median_is_the_innermost_order_statistics_that_cover_it():
     ratios = [1.0 + k / 100 for k in range(12)]  # 1.00 ... 1.11, shuffled below
     interval = figures.median_interval(ratios[::-1][::2] + ratios[::-1][1::2])
@@ -217,6 +233,8 @@ def _minimal_summary():
 def test_the_paired_strategy_needs_pairs_of_epochs_of_2_steps():
     with pytest.raises(SystemExit, match="--epochs must be even; got 3"):
         driver.main(["--strategies", "uniform, paired", "--epochs", "3", "--out", "/dev/null"])
+    with pytest.raises(SystemExit, match="the control strategy .* --epochs must be even; got 5"):
+        driver.main(["--strategies", "control", "--epochs", "5", "--out", "/dev/null"])
     with pytest.raises(SystemExit, match="2 steps an epoch or more; --samples 600 gives 1"):
         driver.main(["--strategies", "paired", "--epochs", "2", "--samples", "600",
                      "--global-batch", "512", "--out", "/dev/null"])
@@ -476,14 +494,15 @@ def test_smoke_benchmark_reports_every_figure(tmp_path):
 
 
 @needs_emulation
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(560)
 def test_a_paired_job_runs_each_plan_in_the_epochs_it_names(tmp_path):
     out = tmp_path / "paired.json"
     done = run_command(
-        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--strategies", "paired", "--out", out,
-         "--job-timeout", "150"], rank_env(), timeout=280, emulated=True)
+        [PYTHON, "-m", "hvd_balance.bench", "--smoke", "--strategies", "paired,control",
+         "--out", out, "--job-timeout", "150"], rank_env(), timeout=540, emulated=True)
     assert done.returncode == 0, done.stdout[-3000:]
     report = json.loads(out.read_text())
+    assert [job["strategy"] for job in report["jobs"]] == ["paired", "control"]
     result = report["jobs"][0]["result"]
     paired, first = result["paired"], result["paired"]["first_compared"]
     assert paired["order"] == ["default", "paper"] and 2 <= first <= 1 + settings.PAIRED_FIND_EPOCHS
@@ -501,3 +520,16 @@ def test_a_paired_job_runs_each_plan_in_the_epochs_it_names(tmp_path):
     assert len(comparison["pair_ratios"]) == 1 and comparison["pair_ratios"][0] > 0
     assert report["paired"]["paper_over_default_step"] == comparison["pair_ratios"][0]
     assert "paired, paper / default step time:" in done.stdout
+    assert paired["control"] is False and paired["found"] == paired["default"]
+    # The control: the same job, with the paper's plan in the default's epochs too.
+    control = report["jobs"][1]["result"]
+    first = control["paired"]["first_compared"]
+    assert control["paired"]["control"] is True
+    assert control["paired"]["default"] == control["paired"]["paper"]
+    assert control["local_batches"] == control["paired"]["paper"]
+    assert sum(control["paired"]["found"]) == 256
+    for rank, record in enumerate(control["ranks"]):
+        assert record["local_batch_per_epoch"][first:] == [control["paired"]["paper"][rank]] * 2
+    assert report["control"]["pair_ratios_per_rep"] == [
+        report["jobs"][1]["summary"]["paired"]["pair_ratios"]]
+    assert "control (A/A), paper / paper step time:" in done.stdout

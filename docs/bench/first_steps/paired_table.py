@@ -6,7 +6,8 @@ first step, per rank).
 Usage: python docs/bench/first_steps/paired_table.py FILE.json[.gz] ...
        python docs/bench/first_steps/paired_table.py --pooled FILE.json[.gz] ...
 (--pooled: one line per configuration, the name before "_paired_", over every pair of its
-files.)
+files.) A file whose jobs include the control strategy (the A/A test: the paper's plan in both
+slots) gets a second line, "control (A/A)", over the control's pairs.
 """
 import gzip
 import json
@@ -21,32 +22,41 @@ def load(path):
         return json.load(f)
 
 
-def line(name, ratios):
+def line(name, ratios, label="paired, paper / default"):
     iv = median_interval(ratios)
-    return (f"{name} paired, paper / default step time: {st.median(ratios):.3f} ({len(ratios)} "
+    return (f"{name} {label} step time: {st.median(ratios):.3f} ({len(ratios)} "
             f"pairs, {sum(r > 1 for r in ratios)} above 1, 95 % interval "
             + (f"{iv['low']:.3f}-{iv['high']:.3f})" if iv else "none: too few pairs)"))
 
 
-def ratios_of(d):
-    return [x for p in d["paired"]["pair_ratios_per_rep"] for x in p]
+CONTROL = "control (A/A), paper / paper"
+
+
+def ratios_of(d, strategy="paired"):
+    return [x for p in (d.get(strategy) or {}).get("pair_ratios_per_rep", []) for x in p]
 
 
 if sys.argv[1] == "--pooled":
     pooled = {}
     for path in sys.argv[2:]:
-        pooled.setdefault(path.split("/")[-1].split("_paired_")[0], []).extend(ratios_of(load(path)))
-    for name, ratios in pooled.items():
-        print(line(name, ratios))
+        d, name = load(path), path.split("/")[-1].split("_paired_")[0]
+        for strategy in ("paired", "control"):
+            pooled.setdefault((name, strategy), []).extend(ratios_of(d, strategy))
+    for (name, strategy), ratios in pooled.items():
+        if ratios:
+            print(line(name, ratios, *([CONTROL] if strategy == "control" else [])))
     sys.exit(0)
 
 for path in sys.argv[1:]:
     d = load(path)
     print(line(path.split("/")[-1], ratios_of(d)))
+    if ratios_of(d, "control"):
+        print(line(path.split("/")[-1], ratios_of(d, "control"), CONTROL))
     for j in d["jobs"]:
         r = j["result"]
         p, first = r["paired"], r["paired"]["first_compared"]
-        print(f"  rep {j['rep']}: paper {p['paper']}, default {p['default']}, settled {p['settled']} "
+        found = f" (the control: the default found {p['found']})" if p.get("control") else ""
+        print(f"  rep {j['rep']} {j['strategy']}{found}: paper {p['paper']}, default {p['default']}, settled {p['settled']} "
               f"after {first - 1} epochs; pairs",
               [round(x, 3) for x in j["summary"]["paired"]["pair_ratios"]],
               f"(median {st.median(j['summary']['paired']['pair_ratios']):.3f})")

@@ -41,7 +41,12 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   step time`` is the median over pairs of the paper's median step / the default's
   (:func:`figures.paired_comparison`), with a 95 % interval of that median from 6 pairs on
   (:func:`figures.median_interval`; it takes pairs as independent, which pairs of one job
-  are not quite: compare jobs too).
+  are not quite: compare jobs too);
+- ``control`` (only when asked for): ``paired``'s A/A test, the same job with the paper's plan
+  in the default's epochs too (the default's plan is still found, and recorded as
+  ``found``): its line ``control (A/A), paper / paper step time`` is what pairs of one plan
+  give, the scale a ``paired`` figure near 1 is read on. Run both interleaved:
+  ``--strategies paired,control``.
 
 Models (``--model``): ``cnn`` (16x16x1 images), ``mlp`` (256 features), ``tiny`` (smoke
 runs), and two realistic ones (:mod:`hvd_balance.tools.bench.models`): ``resnet``, a ResNet-8

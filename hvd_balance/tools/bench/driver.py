@@ -20,7 +20,7 @@ from .figures import _median, summarize, summarize_job, targets
 from .models import BATCH_NORMS, sync_batch_norm_available
 from .plot import plot
 from .settings import (_STOP_GRACE_S, ALL_STRATEGIES, COMPRESSIONS, DEFAULT_LEARNING_RATE,
-                       HELDOUT, LEARNING_RATE, MODELS, SMOKE, STRATEGIES)
+                       HELDOUT, LEARNING_RATE, MODELS, PAIRED_STRATEGIES, SMOKE, STRATEGIES)
 from .worker import run_worker
 
 def _cpu_busy_s() -> float:
@@ -175,7 +175,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
                 s = job["summary"]
                 if s.get("paired"):
                     p = s["paired"]
-                    print(f"  rep {rep} paired: paper {p['paper']} default {p['default']}  step ms "
+                    print(f"  rep {rep} {strategy}: paper {p['paper']} default {p['default']}  step ms "
                           f"paper {_fmt_list(p['paper_step_s'], 1e3)} default "
                           f"{_fmt_list(p['default_step_s'], 1e3)}  pairs "
                           f"{_fmt_list(p['pair_ratios'], 1, '{:.3f}')}", flush=True)
@@ -268,10 +268,13 @@ def format_summary(report: Dict[str, Any]) -> str:
         lines.append(f"ideal speedup {ideal['ideal_speedup']:.2f}x (rates "
                      f"{_fmt_list(ideal['samples_per_s'], 1, '{:.0f}')} samples/s, ideal epoch "
                      f"{ideal['ideal_epoch_s']:.3f} s)")
-    paired = report.get("paired")
-    if paired:
+    for name, label in (("paired", "paired, paper / default"),
+                        ("control", "control (A/A), paper / paper")):
+        paired = report.get(name)
+        if not paired:
+            continue
         interval = paired.get("interval_95")
-        lines.append(f"paired, paper / default step time: {paired['paper_over_default_step']:.3f} "
+        lines.append(f"{label} step time: {paired['paper_over_default_step']:.3f} "
                      f"(median of {sum(map(len, paired['pair_ratios_per_rep']))} pairs"
                      + (f", 95 % interval {interval['low']:.3f}-{interval['high']:.3f}"
                         if interval else "") +
@@ -319,8 +322,10 @@ def _parser() -> argparse.ArgumentParser:
                         "'static' (the benchmark's minmax plan, never re-planned), "
                         "'adaptive' (rebalance='epoch': balanced's default) "
                         "'telemetry' (no benchmark: equal batches, then re-planned every "
-                        "third of an epoch) and 'paired' (the paper's plan and the default's "
-                        "found in one job, then alternated for --epochs epochs, an even number)")
+                        "third of an epoch), 'paired' (the paper's plan and the default's "
+                        "found in one job, then alternated for --epochs epochs, an even number) "
+                        "and 'control' (paired's A/A test: the same job with the paper's plan in "
+                        "both slots)")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each strategy")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--global-batch", type=int, default=512, help="B, samples per step over all ranks")
@@ -385,12 +390,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise SystemExit(f"hvd_balance.bench: --{key.replace('_', '-')} must be >= 1; "
                              f"got {getattr(args, key)}")
-    if "paired" in [s.strip() for s in args.strategies.split(",")]:
+    asked = [s.strip() for s in args.strategies.split(",")]
+    paired = [s for s in PAIRED_STRATEGIES if s in asked]
+    if paired:
         if args.epochs % 2:
-            raise SystemExit(f"hvd_balance.bench: the paired strategy compares its plans in "
+            raise SystemExit(f"hvd_balance.bench: the {paired[0]} strategy compares its plans in "
                              f"pairs of epochs: --epochs must be even; got {args.epochs}")
         if args.samples // args.global_batch < 2:  # its first step of each epoch is left out
-            raise SystemExit(f"hvd_balance.bench: the paired strategy needs 2 steps an epoch or "
+            raise SystemExit(f"hvd_balance.bench: the {paired[0]} strategy needs 2 steps an epoch or "
                              f"more; --samples {args.samples} gives "
                              f"{args.samples // args.global_batch} of --global-batch {args.global_batch}")
     if args.heldout < 0:

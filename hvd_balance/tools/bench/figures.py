@@ -9,6 +9,9 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Sequence
 
+from .settings import PAIRED_STRATEGIES
+
+
 def _median(values: Sequence[float]) -> Optional[float]:
     values = [float(v) for v in values if v is not None]
     return float(statistics.median(values)) if values else None
@@ -337,17 +340,19 @@ def summarize(jobs: List[Dict[str, Any]], strategies: Sequence[str], global_batc
             "per_rep": [p["steady_epoch_s"] / b["steady_epoch_s"]
                         for p, b in zip(per["proportional"], per["balanced"])],
         }
-    # The paper's plan against the default's in the same jobs (the paired strategy).
-    paired = [r["paired"] for r in per.get("paired", []) if r.get("paired")]
-    if paired:
-        ratios = [r for p in paired for r in p["pair_ratios"]]
-        out["paired"] = {
-            "paper_over_default_step": _median(ratios),
-            "interval_95": median_interval(ratios),
-            "pair_ratios_per_rep": [p["pair_ratios"] for p in paired],
-            "ratio_per_rep": [p["ratio"] for p in paired],
-            "plans_per_rep": [{"paper": p["paper"], "default": p["default"]} for p in paired],
-        }
+    # The paper's plan against the default's in the same jobs (the paired strategy), and
+    # against itself in the control's (its A/A test: the pairs' spread with no plan to tell).
+    for name in PAIRED_STRATEGIES:
+        paired = [r["paired"] for r in per.get(name, []) if r.get("paired")]
+        if paired:
+            ratios = [r for p in paired for r in p["pair_ratios"]]
+            out[name] = {
+                "paper_over_default_step": _median(ratios),
+                "interval_95": median_interval(ratios),
+                "pair_ratios_per_rep": [p["pair_ratios"] for p in paired],
+                "ratio_per_rep": [p["ratio"] for p in paired],
+                "plans_per_rep": [{"paper": p["paper"], "default": p["default"]} for p in paired],
+            }
     # The limit when busy time is a fixed cost plus a cost per sample (every job's points).
     points = None
     if all(per[s] for s in strategies):

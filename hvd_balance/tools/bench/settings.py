@@ -13,8 +13,11 @@ STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this
 # (LoadBalancer(rebalance="off")); "adaptive", LoadBalancer(benchmark=True,
 # rebalance="epoch") (the default before the first-steps start, kept for old commands);
 # "telemetry", no benchmark, equal batches first, re-planned every K steps
-# (benchmark=False, rebalance=K); "paired", both plans in one job (paired_order).
-ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry", "paired")
+# (benchmark=False, rebalance=K); "paired", both plans in one job (paired_order); "control",
+# the paired job's A/A control: the same job with the paper's plan in both of its slots, so its
+# pairs measure the harness's own noise (what a tie of "paired" is to be read against).
+ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry", "paired", "control")
+PAIRED_STRATEGIES = ("paired", "control")
 METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "static": "minmax",
              "adaptive": "minmax", "telemetry": "minmax"}
 

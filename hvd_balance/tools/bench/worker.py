@@ -10,7 +10,7 @@ from typing import Optional
 from ..emulate import ENV_STEP_DELAY_MS
 from . import models
 from .settings import (ADAM_MODELS, INPUT_DTYPE, METHOD_OF, MODELS, PAIRED_FIND_EPOCHS,
-                       paired_order, telemetry_window)
+                       PAIRED_STRATEGIES, paired_order, telemetry_window)
 
 def _model_parts(name: str, batch_norm: str = "local"):
     """``(input_shape, layers)`` of a benchmark model (``batch_norm``: ``resnet``'s
@@ -232,9 +232,10 @@ def run_worker(args) -> int:
         benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
         **({"repeats": args.benchmark_repeats} if args.benchmark_repeats else {}))
     paired = None
-    if args.strategy == "paired":
+    if args.strategy in PAIRED_STRATEGIES:
         balancer, recorder, paired = _paired_fit(model, data, callbacks, before, after,
-                                                 benchmark_options, args, StepRecorder)
+                                                 benchmark_options, args, StepRecorder,
+                                                 control=args.strategy == "control")
     elif args.strategy == "uniform":
         recorder = StepRecorder(model.step_timing, data, advance_epoch=True)
     else:
@@ -278,7 +279,9 @@ def run_worker(args) -> int:
         result = {
             "strategy": args.strategy, "world_size": size, "model": args.model,
             "global_batch": args.global_batch, "samples": args.samples, "epochs": args.epochs,
-            "steps_per_epoch": data.steps, "local_batches": list(plan.batch_sizes),
+            "steps_per_epoch": data.steps,
+            # A paired job's row is its default slot's epochs (the paper's plan in a control).
+            "local_batches": paired["default"] if paired else list(plan.batch_sizes),
             "plan": plan.to_dict(),
             # From the last rank's arrival (fit starts at different times on fast and slow
             # ranks) to the last rank's departure: what the phase itself costs the job.
@@ -327,7 +330,8 @@ class _Epochs:
             setattr(self, name, [v for r in recorders for v in getattr(r, name)])
 
 
-def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, StepRecorder):
+def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, StepRecorder,
+                control: bool = False):
     """The ``paired`` strategy: the paper's plan and the default's, found in one job and then
     compared epoch by epoch in it, so that a job's own speed (the shared machine's load when
     it ran) is the same for both.
@@ -340,9 +344,15 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
     3. ``args.epochs`` epochs, each a ``fit`` of one epoch with the plan given and kept
        (``LoadBalancer(data, plan)``), in :func:`paired_order`.
 
+    With ``control`` (the ``control`` strategy, an A/A test), step 3 runs the paper's plan in
+    the default's epochs too: the job is the same, but its pairs compare a plan with itself,
+    so their spread is the harness's own (the default's plan is still found, and recorded).
+
     Returns ``(the default's LoadBalancer, the epochs' records, {"paper": batches,
-    "default": batches, "order": each compared epoch's plan name, "first_compared": the
-    index of the first compared epoch, "settled": whether the default's plan was judged})``.
+    "default": the batches its epochs ran, "order": each compared epoch's plan name,
+    "first_compared": the index of the first compared epoch, "settled": whether the
+    default's plan was judged, "control": whether the default's epochs ran the paper's plan,
+    "found": the default's plan})``.
     """
     import tensorflow as tf
 
@@ -370,13 +380,14 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
     default = hvd_balance.LoadBalancer(data, verbose=0)
     fit(1, PAIRED_FIND_EPOCHS, [default, StopWhenSettled()])
     first = 1 + len(fits[-1].end_at)
-    plans = {"paper": paper.plan, "default": default.plan}
+    plans = {"paper": paper.plan, "default": paper.plan if control else default.plan}
     order = paired_order(args.epochs)
     for k, name in enumerate(order):
         fit(first + k, 1, [hvd_balance.LoadBalancer(data, plans[name], verbose=0)])
     return default, _Epochs(fits), {
         "paper": list(plans["paper"].batch_sizes), "default": list(plans["default"].batch_sizes),
-        "order": order, "first_compared": first, "settled": _settled(default.history, first - 1)}
+        "order": order, "first_compared": first, "settled": _settled(default.history, first - 1),
+        "control": control, "found": list(default.plan.batch_sizes)}
 
 
 def _settled(history, epoch: int) -> bool:
