@@ -527,6 +527,7 @@ def test_a_paired_job_runs_each_plan_in_the_epochs_it_names(tmp_path):
     assert control["paired"]["control"] is True
     assert control["paired"]["default"] == control["paired"]["paper"]
     assert control["local_batches"] == control["paired"]["paper"]
+    assert control["plan"]["batch_sizes"] == control["paired"]["paper"]  # the plan its row ran
     assert sum(control["paired"]["found"]) == 256
     for rank, record in enumerate(control["ranks"]):
         assert record["local_batch_per_epoch"][first:] == [control["paired"]["paper"][rank]] * 2

@@ -49,7 +49,8 @@ if sys.argv[1] == "--pooled":
 
 for path in sys.argv[1:]:
     d = load(path)
-    print(line(path.split("/")[-1], ratios_of(d)))
+    if ratios_of(d):
+        print(line(path.split("/")[-1], ratios_of(d)))
     if ratios_of(d, "control"):
         print(line(path.split("/")[-1], ratios_of(d, "control"), CONTROL))
     for j in d["jobs"]:

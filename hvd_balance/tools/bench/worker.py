@@ -231,11 +231,11 @@ def run_worker(args) -> int:
     benchmark_options = dict(
         benchmark_batches=_benchmark_batches(args.benchmark_batches, args.global_batch, size),
         **({"repeats": args.benchmark_repeats} if args.benchmark_repeats else {}))
-    paired = None
+    paired, ran = None, None  # ran: a paired job's plan in its default slot
     if args.strategy in PAIRED_STRATEGIES:
-        balancer, recorder, paired = _paired_fit(model, data, callbacks, before, after,
-                                                 benchmark_options, args, StepRecorder,
-                                                 control=args.strategy == "control")
+        balancer, recorder, paired, ran = _paired_fit(model, data, callbacks, before, after,
+                                                      benchmark_options, args, StepRecorder,
+                                                      control=args.strategy == "control")
     elif args.strategy == "uniform":
         recorder = StepRecorder(model.step_timing, data, advance_epoch=True)
     else:
@@ -275,13 +275,14 @@ def run_worker(args) -> int:
             "accuracy": accuracy, "eval_s": eval_s}
     ranks = collective.allgather_object(mine, name="hvd_balance.bench.results")
     if rank == 0:
-        plan = balancer.plan if balancer is not None else hvd_balance.Plan.uniform(args.global_batch, size)
+        # A paired job's row is its default slot's epochs: that slot's plan (the paper's in a
+        # control, whose LoadBalancer's plan, the one it found, is in paired["found"]).
+        plan = (ran if ran is not None else balancer.plan if balancer is not None
+                else hvd_balance.Plan.uniform(args.global_batch, size))
         result = {
             "strategy": args.strategy, "world_size": size, "model": args.model,
             "global_batch": args.global_batch, "samples": args.samples, "epochs": args.epochs,
-            "steps_per_epoch": data.steps,
-            # A paired job's row is its default slot's epochs (the paper's plan in a control).
-            "local_batches": paired["default"] if paired else list(plan.batch_sizes),
+            "steps_per_epoch": data.steps, "local_batches": list(plan.batch_sizes),
             "plan": plan.to_dict(),
             # From the last rank's arrival (fit starts at different times on fast and slow
             # ranks) to the last rank's departure: what the phase itself costs the job.
@@ -352,7 +353,7 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
     "default": the batches its epochs ran, "order": each compared epoch's plan name,
     "first_compared": the index of the first compared epoch, "settled": whether the
     default's plan was judged, "control": whether the default's epochs ran the paper's plan,
-    "found": the default's plan})``.
+    "found": the default's plan}, the plan its default slot ran)``.
     """
     import tensorflow as tf
 
@@ -387,7 +388,7 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
     return default, _Epochs(fits), {
         "paper": list(plans["paper"].batch_sizes), "default": list(plans["default"].batch_sizes),
         "order": order, "first_compared": first, "settled": _settled(default.history, first - 1),
-        "control": control, "found": list(default.plan.batch_sizes)}
+        "control": control, "found": list(default.plan.batch_sizes)}, plans["default"]
 
 
 def _settled(history, epoch: int) -> bool:
