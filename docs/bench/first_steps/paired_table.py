@@ -14,7 +14,8 @@ import json
 import statistics as st
 import sys
 
-from hvd_balance.tools.bench.figures import median_interval
+from hvd_balance.tools.bench.figures import median_interval, slot_epochs
+from hvd_balance.tools.bench.settings import PAIRED_LABELS, PAIRED_STRATEGIES
 
 
 def load(path):
@@ -22,14 +23,11 @@ def load(path):
         return json.load(f)
 
 
-def line(name, ratios, label="paired, paper / default"):
+def line(name, ratios, strategy="paired"):
     iv = median_interval(ratios)
-    return (f"{name} {label} step time: {st.median(ratios):.3f} ({len(ratios)} "
+    return (f"{name} {PAIRED_LABELS[strategy]} step time: {st.median(ratios):.3f} ({len(ratios)} "
             f"pairs, {sum(r > 1 for r in ratios)} above 1, 95 % interval "
             + (f"{iv['low']:.3f}-{iv['high']:.3f})" if iv else "none: too few pairs)"))
-
-
-CONTROL = "control (A/A), paper / paper"
 
 
 def ratios_of(d, strategy="paired"):
@@ -40,19 +38,18 @@ if sys.argv[1] == "--pooled":
     pooled = {}
     for path in sys.argv[2:]:
         d, name = load(path), path.split("/")[-1].split("_paired_")[0]
-        for strategy in ("paired", "control"):
+        for strategy in PAIRED_STRATEGIES:
             pooled.setdefault((name, strategy), []).extend(ratios_of(d, strategy))
     for (name, strategy), ratios in pooled.items():
         if ratios:
-            print(line(name, ratios, *([CONTROL] if strategy == "control" else [])))
+            print(line(name, ratios, strategy))
     sys.exit(0)
 
 for path in sys.argv[1:]:
     d = load(path)
-    if ratios_of(d):
-        print(line(path.split("/")[-1], ratios_of(d)))
-    if ratios_of(d, "control"):
-        print(line(path.split("/")[-1], ratios_of(d, "control"), CONTROL))
+    for strategy in PAIRED_STRATEGIES:
+        if ratios_of(d, strategy):
+            print(line(path.split("/")[-1], ratios_of(d, strategy), strategy))
     for j in d["jobs"]:
         r = j["result"]
         p, first = r["paired"], r["paired"]["first_compared"]
@@ -70,7 +67,7 @@ for path in sys.argv[1:]:
         print("    each compared epoch's step, ms: default",
               [round(1e3 * t) for t in c["default_step_s"]], "paper", [round(1e3 * t) for t in c["paper_step_s"]])
         for name in ("default", "paper"):
-            es = [first + k for k, n in enumerate(p["order"]) if n == name]
+            es = slot_epochs(p, name)
 
             def med(key, rank):
                 return round(1e3 * st.median([t for e in es for t in rank[key][e][1:]]))

@@ -15,6 +15,8 @@ import sys
 
 import numpy as np
 
+from hvd_balance.tools.bench.figures import slot_epochs
+
 
 def load(path):
     with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
@@ -46,11 +48,9 @@ for path in sys.argv[1:]:
         if job["strategy"] != "paired":
             continue
         r, p = job["result"], job["result"]["paired"]
-        first = p["first_compared"]
         spread = {}
         for name in ("default", "paper"):
-            epochs = [first + k for k, n in enumerate(p["order"]) if n == name]
-            busy = [st.median([t for e in epochs for t in rank["busy_s"][e][1:]]) for rank in r["ranks"]]
+            busy = [st.median([t for e in slot_epochs(p, name) for t in rank["busy_s"][e][1:]]) for rank in r["ranks"]]
             spread[name] = f"{max(busy) / min(busy):.3f} (slowest {1e3 * max(busy):.0f} ms)"
         half.append(p["default"][1] - p["paper"][1])
         quarters.append(sum(p["default"][2:]) - sum(p["paper"][2:]))

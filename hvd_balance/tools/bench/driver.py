@@ -20,7 +20,8 @@ from .figures import _median, summarize, summarize_job, targets
 from .models import BATCH_NORMS, sync_batch_norm_available
 from .plot import plot
 from .settings import (_STOP_GRACE_S, ALL_STRATEGIES, COMPRESSIONS, DEFAULT_LEARNING_RATE,
-                       HELDOUT, LEARNING_RATE, MODELS, PAIRED_STRATEGIES, SMOKE, STRATEGIES)
+                       HELDOUT, LEARNING_RATE, MODELS, PAIRED_LABELS, PAIRED_STRATEGIES, SMOKE,
+                       STRATEGIES)
 from .worker import run_worker
 
 def _cpu_busy_s() -> float:
@@ -268,8 +269,7 @@ def format_summary(report: Dict[str, Any]) -> str:
         lines.append(f"ideal speedup {ideal['ideal_speedup']:.2f}x (rates "
                      f"{_fmt_list(ideal['samples_per_s'], 1, '{:.0f}')} samples/s, ideal epoch "
                      f"{ideal['ideal_epoch_s']:.3f} s)")
-    for name, label in (("paired", "paired, paper / default"),
-                        ("control", "control (A/A), paper / paper")):
+    for name, label in PAIRED_LABELS.items():
         paired = report.get(name)
         if not paired:
             continue

@@ -156,9 +156,19 @@ def steady_epochs(num_epochs: int, paired: Optional[Dict[str, Any]] = None) -> L
     ([1, 2, 3], [3])
     """
     if paired:
-        first = int(paired["first_compared"])
-        return [first + k for k, name in enumerate(paired["order"]) if name == "default"]
+        return slot_epochs(paired, "default")
     return list(range(1, num_epochs)) if num_epochs > 1 else [0]
+
+
+def slot_epochs(paired: Dict[str, Any], name: str) -> List[int]:
+    """The epochs of a paired job (its ``paired`` record) that ran the slot ``name``
+    (``"default"`` or ``"paper"``), as indices into its per-epoch records.
+
+    >>> slot_epochs({"first_compared": 3, "order": ["default", "paper", "paper", "default"]}, "paper")
+    [4, 5]
+    """
+    first = int(paired["first_compared"])
+    return [first + k for k, slot in enumerate(paired["order"]) if slot == name]
 
 
 def paired_comparison(result: Dict[str, Any]) -> Optional[Dict[str, Any]]:

@@ -18,6 +18,9 @@ STRATEGIES = ("uniform", "proportional", "balanced")  # the default set, in this
 # pairs measure the harness's own noise (what a tie of "paired" is to be read against).
 ALL_STRATEGIES = STRATEGIES + ("static", "adaptive", "telemetry", "paired", "control")
 PAIRED_STRATEGIES = ("paired", "control")
+# Each one's summary line, "LABEL step time: ...": its pairs' ratio, the paper's step over the
+# default slot's.
+PAIRED_LABELS = {"paired": "paired, paper / default", "control": "control (A/A), paper / paper"}
 METHOD_OF = {"proportional": "proportional", "balanced": "minmax", "static": "minmax",
              "adaptive": "minmax", "telemetry": "minmax"}
 
