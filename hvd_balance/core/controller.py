@@ -22,7 +22,8 @@ State machine (:meth:`Controller.next`, one call per window, rank 0 decides for 
     otherwise                                 -> switched, a trial judged by the next window
 
 ``var`` is the measured window-to-window variation of the step (median ``|s_k / s_{k-1} - 1|``
-over consecutive windows of one plan: a lasting change of speed is one outlier, :data:`PRIOR_VARIATION` before there are two), or the
+over consecutive windows of one plan, so that a lasting change of speed or the first window's
+warm-up is one outlier; :data:`PRIOR_VARIATION` before there are 3 such pairs), or the
 window's busy-time noise if larger. A barred plan, and any candidate nearer to it than to the
 plan restored, is not tried for :data:`MEMORY` windows: nothing oscillates on noise.
 """
@@ -163,15 +164,15 @@ def fit_lines(batches: np.ndarray, busy_s: np.ndarray, weights: np.ndarray) -> n
 
 def variation(windows: Sequence[Window]) -> float:
     """Median ``|s_k / s_{k-1} - 1|`` over consecutive windows of the same batches with a
-    measured step, :data:`PRIOR_VARIATION` where there are none.
+    measured step, :data:`PRIOR_VARIATION` where there are fewer than 3 such pairs.
 
     >>> w = lambda s: Window((32, 32), (0.01, 0.02), step_s=s)
-    >>> variation([w(0.100), w(0.102), w(0.098)]), variation([w(0.1)])
-    (0.0296, 0.05)
+    >>> variation([w(0.100), w(0.102), w(0.098), w(0.5)]), variation([w(0.1), w(0.2)])
+    (0.0392, 0.05)
     """
     changes = [abs(b.step_s / a.step_s - 1.0) for a, b in zip(windows, windows[1:])
                if a.batch_sizes == b.batch_sizes and a.step_s and b.step_s]
-    return round(float(np.median(changes)), 4) if changes else PRIOR_VARIATION
+    return round(float(np.median(changes)), 4) if len(changes) >= 3 else PRIOR_VARIATION
 
 
 @dataclasses.dataclass(frozen=True)
