@@ -26,3 +26,4 @@ echo "=== side by side (epoch s: median of epochs 2+; speedup: over uniform)"
 python -m hvd_balance.tools.demo_report results/demo-{uniform,proportional,balanced}.json \
   --shares "$shares" --json results/demo.json --png results/demo.png
 echo "table: results/demo.json, chart: results/demo.png"
+echo "one run of each; repeated runs, and both plans compared inside the same job: BENCHMARKS.md"
