@@ -104,8 +104,8 @@ def test_a_start_from_equal_batches_is_charged_its_first_steps():
               "loss": [2.0, 1.5]} for i in range(2)]
     result = {"strategy": "balanced", "local_batches": [100, 28], "steps_per_epoch": 10,
               "benchmark_phase_s": 0.01, "final_loss": 1.5, "ranks": ranks,
-              "replans": [{"epoch": 0, "step": 4, "changed": True},
-                          {"epoch": 0, "step": 0, "changed": False}]}
+              "replans": [{"epoch": 0, "step": 4, "decision": "switched"},
+                          {"epoch": 0, "step": 0, "decision": "kept"}]}
     s = figures.summarize_job(result)
     assert s["calibration_cost_s"] == pytest.approx(4 * (0.5 - 0.2) + (0.3 - 0.2))
     assert s["start_cost_s"] == pytest.approx(0.01 + 1.3)
