@@ -21,7 +21,7 @@ from typing import Optional
 import tensorflow as tf
 
 from . import collective, compat
-from .telemetry import StepTelemetry
+from .telemetry import StepTelemetry, slowdown_factor
 
 
 class GradientWeight:
@@ -70,7 +70,8 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
         telemetry: time every step's busy and wait seconds on this rank
             (``optimizer.telemetry``, a :class:`~hvd_balance.keras.telemetry.StepTelemetry`: two
             timestamps around the allreduce per step, read by the load balancer every few
-            steps).
+            steps). ``HVD_BALANCE_SLOWDOWN`` (an emulated slow device, docs/emulation.md)
+            adds its wait before the allreduce either way.
         **horovod_kwargs: passed to Horovod's ``DistributedOptimizer``.
 
     Returns:
@@ -108,12 +109,16 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
     process_set = horovod_kwargs.get("process_set")
     members = process_set.size() if process_set is not None else collective.size()
     weight = GradientWeight(1.0 / members)  # Horovod's average until a plan is applied
-    timer = StepTelemetry() if telemetry else None
+    # An emulated slow device (HVD_BALANCE_SLOWDOWN, docs/emulation.md) waits in the timer's
+    # step, so it gets one (not exposed as optimizer.telemetry) even without telemetry.
+    timer = StepTelemetry() if telemetry or slowdown_factor() > 1.0 else None
 
     def weighted(reduce_sum):  # scale just before each Sum allreduce
         def weighted_allreduce(grads, variables):
             if timer is None:
                 return reduce_sum([weight.scale(g) for g in grads], variables)
+            # The emulated wait, if any, must end before the allreduce sees the gradients.
+            grads = timer.slow_down(grads)
             # The ready timestamp runs beside the allreduce (its outputs are not fed to it), so
             # Horovod still starts reducing each gradient as soon as it is computed.
             timer.mark_ready(grads)
@@ -124,7 +129,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
     distributed.gradient_weight = weight
     # Steps whose gradients are summed locally before one allreduce (1: every step).
     distributed.backward_passes_per_step = int(horovod_kwargs.get("backward_passes_per_step", 1))
-    distributed.telemetry = timer
+    distributed.telemetry = timer if telemetry else None
     return distributed
 
 

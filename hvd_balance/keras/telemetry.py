@@ -28,13 +28,30 @@ tool's own step timing can read it too). Inside one ``tf.function``, TensorFlow 
 operations on one resource variable in the order they were created: the layers' additions,
 created in the forward pass and in ``tape.gradient``, come before ``mark_ready``'s read,
 created when the gradients are reduced.
+
+An emulated slow device. With ``HVD_BALANCE_SLOWDOWN=k`` (k >= 1, set per rank by
+``python -m hvd_balance.emulate --slowdown``; see docs/emulation.md), every step of this rank
+waits ``(k - 1)`` times its compute (this step's busy time so far) once its gradients are
+ready and before they go to the allreduce (:class:`EmulatedSlowdown`): its compute is k times
+slower while its collectives run at full speed, as a slow GPU's run on its host's CPU and NIC.
+The wait is busy time (the ``ready`` timestamp follows it). Unset or 1, nothing is added to
+the step.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import contextlib
+import functools
+import math
+import os
+import time
+from typing import Dict, Optional
 
 import tensorflow as tf
+
+# The per-rank compute slowdown factor of the emulation (docs/emulation.md); the launcher
+# hvd_balance.tools.emulate sets it under the same name (it cannot import TensorFlow).
+ENV_SLOWDOWN = "HVD_BALANCE_SLOWDOWN"
 
 
 _collective_seconds = None  # the per-process total (float64 seconds), made on first use
@@ -87,6 +104,86 @@ def _timestamp_after(tensors):
         return tf.timestamp()
 
 
+@functools.lru_cache(maxsize=None)
+def slowdown_factor() -> float:
+    """This rank's emulated compute slowdown ``k`` from ``HVD_BALANCE_SLOWDOWN`` (read once per
+    process; 1.0 when unset or empty).
+
+    Raises:
+        ValueError: the value is not a finite number >= 1 (the message names it).
+    """
+    text = os.environ.get(ENV_SLOWDOWN, "").strip()
+    if not text:
+        return 1.0
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = float("nan")
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise ValueError(f"{ENV_SLOWDOWN}={text!r} must be a finite number >= 1 "
+                         "(the factor by which this rank's compute is slowed; 1: unchanged)")
+    return factor
+
+
+_caller_applies_slowdown = 0  # > 0 while a step that applies the slowdown itself is traced
+
+
+@contextlib.contextmanager
+def slowdown_applied_by_caller():
+    """While tracing a step inside this block, :class:`StepTelemetry` adds no emulated wait:
+    the caller (the benchmark's own step timing, which also times plain Horovod's optimizer)
+    applies it once, before its own ready timestamp."""
+    global _caller_applies_slowdown
+    _caller_applies_slowdown += 1
+    try:
+        yield
+    finally:
+        _caller_applies_slowdown -= 1
+
+
+def _sleep(seconds):
+    time.sleep(max(0.0, float(seconds)))
+    return seconds
+
+
+class EmulatedSlowdown:
+    """Makes this rank's compute ``factor`` times slower: inside the compiled step, after the
+    gradients are ready and before the allreduce, it waits ``(factor - 1) * compute_s``.
+
+    ``compute_s`` is the step's compute measured by the caller (seconds from the previous
+    step's end to the gradients being ready, less any wait in synchronized layers); on a step
+    the caller does not count (the first after a pause) the last counted step's is used. The
+    wait is a sleep (``tf.numpy_function``), so this rank's core stays free for its collectives
+    and for other ranks.
+
+    Args:
+        factor: float >= 1; 1 makes no wait.
+    """
+
+    def __init__(self, factor: float):
+        self.factor = float(factor)
+        with tf.init_scope():
+            self._compute_s = tf.Variable(0.0, trainable=False, dtype=tf.float64,
+                                          name="hvd_balance_emulated_compute_s")
+
+    @classmethod
+    def from_env(cls) -> Optional["EmulatedSlowdown"]:
+        """One for :func:`slowdown_factor`, or ``None`` when it is 1 (nothing to emulate)."""
+        factor = slowdown_factor()
+        return cls(factor) if factor > 1.0 else None
+
+    def __call__(self, grads, compute_s, counted):
+        """``grads`` (``None``s kept) ordered after the wait; ``compute_s`` a float64 scalar
+        tensor, ``counted`` a bool one (whether ``compute_s`` is a real step's)."""
+        zero = tf.constant(0.0, tf.float64)
+        compute = tf.where(counted, tf.maximum(compute_s, zero), self._compute_s.read_value())
+        with tf.control_dependencies([self._compute_s.assign(compute)]):
+            done = tf.numpy_function(_sleep, [(self.factor - 1.0) * compute], tf.float64,
+                                     name="hvd_balance_emulated_slowdown")
+        with tf.control_dependencies([done]):
+            return [None if g is None else tf.nest.map_structure(tf.identity, g) for g in grads]
+
+
 class StepTelemetry:
     """Accumulates this rank's busy and wait seconds per training step.
 
@@ -117,6 +214,19 @@ class StepTelemetry:
             self._counted = tf.Variable(False, trainable=False, name="hvd_balance_counted")
             # collective_seconds() at the previous mark_ready
             self._collective_seen = tf.Variable(0.0, name="hvd_balance_collective_seen", **f64)
+        self._slowdown = EmulatedSlowdown.from_env()  # None unless HVD_BALANCE_SLOWDOWN > 1
+
+    def slow_down(self, grads):
+        """``grads`` after this rank's emulated wait (``HVD_BALANCE_SLOWDOWN``; the same
+        ``grads`` when unset, or when a caller applies it: :func:`slowdown_applied_by_caller`).
+        Called before :meth:`mark_ready`, whose ready timestamp then counts the wait as busy."""
+        if self._slowdown is None or _caller_applies_slowdown:
+            return grads
+        now = _timestamp_after(grads)
+        last = self._last_end.read_value()
+        # mark_ready's busy time so far (it reads the same variables, created after these reads)
+        in_layers = collective_seconds().read_value() - self._collective_seen.read_value()
+        return self._slowdown(grads, now - last - in_layers, last > 0.0)
 
     def mark_ready(self, grads):
         """Record when the local gradients are ready; returns them ordered after that."""

@@ -9,6 +9,7 @@ Subcommands (each has ``--help``)::
     hvd-balance devices gpu,gpu,cpu --gpus 2 --cpus 16
     hvd-balance launch hosts.txt [--dry-run] [horovodrun options] -- python train.py
     hvd-balance run --cpu-shares 1.0,0.25 -- python train.py   (hvd_balance.emulate)
+    hvd-balance run --slowdown 1,4 -- python train.py          (slow compute, full-speed collectives)
     hvd-balance simulate ...                                   (hvd_balance.simulate)
     hvd-balance bench ...                                      (hvd_balance.bench)
 
@@ -31,7 +32,8 @@ PROG = "hvd-balance"
 # Subcommands that live in other modules: name -> (module, one-line description).
 DELEGATED = {
     "run": ("hvd_balance.tools.emulate",
-            "emulate a heterogeneous cluster on one machine: --cpu-shares 1.0,0.25 -- python train.py"),
+            "emulate a heterogeneous cluster on one machine: --cpu-shares 1.0,0.25 (CPU quotas) "
+            "or --slowdown 1,4 (slow compute) -- python train.py"),
     "simulate": ("hvd_balance.tools.simulate", "simulate balancing for many ranks without training"),
     "bench": ("hvd_balance.tools.bench", "benchmark the balancing methods on emulated clusters"),
 }

@@ -5,6 +5,15 @@ capped by a cgroup CPU quota, so one machine behaves like a mix of fast and slow
 
     python -m hvd_balance.emulate --cpu-shares 1.0,0.25 -- python train.py --epochs 3
     scripts/hvd-balance-run --cpu-shares 1.0,0.25 --step-delay-ms 0,5 -- python train.py
+    python -m hvd_balance.emulate --slowdown 1,4 -- python train.py   # slow compute only
+
+Two models of a slow rank (docs/emulation.md). A CPU quota (``--cpu-shares``) slows all of
+the rank's threads, Horovod's collectives included: a CPU rank on a weak host. A slowdown
+(``--slowdown``, a factor ``k >= 1`` per rank) slows its compute only: each step waits ``k - 1``
+times its compute before the gradient allreduce (``HVD_BALANCE_SLOWDOWN``, applied by
+:mod:`hvd_balance.keras.telemetry`), while its collectives run at full speed: a slow GPU,
+whose collectives run on its host's CPU and NIC. Without ``--cpu-shares`` every rank's share
+is one core, which a rank pinned to one core cannot exceed: no quota binds.
 
 How. As root, the launcher creates one cgroup per rank, ``hvd_balance.<launcher pid>/rank<k>``
 under the ``cpu`` controller (cgroup v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, or
@@ -15,7 +24,9 @@ bursty. Each rank starts as a small wrapper (this module with ``--rank-wrapper``
 moves itself into its rank's group (its children inherit the group), pins itself with
 ``os.sched_setaffinity`` to its cores (packed by `assign_cores`: largest share first, each
 on the cores with the most capacity left, so more ranks than cores is allowed), sets
-``HVD_BALANCE_CPU_SHARE`` and ``HVD_BALANCE_STEP_DELAY_MS`` and execs the command.
+``HVD_BALANCE_CPU_SHARE``, ``HVD_BALANCE_STEP_DELAY_MS`` and ``HVD_BALANCE_SLOWDOWN`` and
+execs the command. Cores are packed by each rank's expected load, its share over its slowdown
+(a rank slowed k times computes a k-th of the step and sleeps the rest).
 
 The ranks' parent group gets ``--weight`` (default 10) times the kernel's default scheduler
 weight per rank, so on a shared machine other work cannot take a rank's core while the rank
@@ -59,6 +70,8 @@ DEFAULT_WEIGHT = 10.0
 MAX_WEIGHT = 100.0
 ENV_CPU_SHARE = "HVD_BALANCE_CPU_SHARE"
 ENV_STEP_DELAY_MS = "HVD_BALANCE_STEP_DELAY_MS"
+# Read by hvd_balance.keras.telemetry.slowdown_factor (same name; this module is stdlib-only).
+ENV_SLOWDOWN = "HVD_BALANCE_SLOWDOWN"
 # The environment every emulated rank runs with (the benchmarks and the tests use it too): a
 # rank is pinned to one core, so one TensorFlow thread per pool and one OpenMP thread, and
 # TensorFlow's C++ log kept to warnings.
@@ -118,6 +131,25 @@ def parse_step_delays(text: str) -> Tuple[float, ...]:
     return tuple(delays)
 
 
+def parse_slowdowns(text: str) -> Tuple[float, ...]:
+    """``"1,4"`` -> ``(1.0, 4.0)``: per-rank compute slowdown factors, each finite and >= 1
+    (1: unchanged)."""
+    factors = []
+    for rank, item in enumerate(text.split(",")):
+        item = item.strip()
+        try:
+            factor = float(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"slowdown {item!r} (rank {rank}) is not a number") from None
+        if not math.isfinite(factor) or factor < 1:
+            raise argparse.ArgumentTypeError(
+                f"slowdown {item!r} (rank {rank}) must be a finite number >= 1 (the factor by "
+                "which the rank's compute is slowed; 1: unchanged)")
+        factors.append(factor)
+    return tuple(factors)
+
+
 def parse_cores(text: str) -> Tuple[int, ...]:
     """``"0,1"`` or ``"0-3"`` -> core ids, in the given order, without repeats."""
     cores: List[int] = []
@@ -152,25 +184,28 @@ def quota_us(share: float, period_us: int) -> int:
     return quota
 
 
-def assign_cores(shares: Sequence[float], cores: Sequence[int]) -> Tuple[Tuple[int, ...], ...]:
-    """Cores for each rank, packed largest share first onto the least loaded cores.
+def assign_cores(shares: Sequence[float], cores: Sequence[int],
+                 loads: Optional[Sequence[float]] = None) -> Tuple[Tuple[int, ...], ...]:
+    """Cores for each rank, packed largest load first onto the least loaded cores.
 
-    A rank gets ``ceil(share)`` cores (at most all). Ranks are placed largest share first,
-    each on the cores with the most capacity left (ties: the earlier core in ``cores``); a
-    rank above one core is counted as loading its cores evenly (an estimate: the kernel
-    decides). So ``1.0, 0.5, 0.25, 0.25`` on two cores puts the full-core rank alone on the
+    A rank gets ``ceil(share)`` cores (at most all). Its load is ``loads[k]`` in cores
+    (default: its share; the launcher passes share / slowdown). Ranks are placed largest load
+    first, each on the cores with the most capacity left (ties: the earlier core in
+    ``cores``); a rank above one core is counted as loading its cores evenly (an estimate:
+    the kernel decides). So ``1.0, 0.5, 0.25, 0.25`` on two cores puts the full-core rank alone on the
     first core and the three others on the second (one core each, exactly), where
     round-robin would ask 1.25 cores of the first. A heuristic: no core carries more than
     the mean load plus the largest share, but an exact packing may exist that it misses.
     """
+    loads = shares if loads is None else loads
     left = {core: 1.0 for core in cores}
-    order = sorted(range(len(shares)), key=lambda k: (-shares[k], k))
+    order = sorted(range(len(shares)), key=lambda k: (-loads[k], k))
     assigned: Dict[int, Tuple[int, ...]] = {}
     for k in order:
         count = min(len(cores), max(1, math.ceil(shares[k] - 1e-9)))
         chosen = sorted(cores, key=lambda c: (-left[c], cores.index(c)))[:count]
         for core in chosen:
-            left[core] -= shares[k] / count
+            left[core] -= loads[k] / count
         assigned[k] = tuple(sorted(chosen))
     return tuple(assigned[k] for k in range(len(shares)))
 
@@ -567,17 +602,27 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hvd_balance.emulate",
         description="Run a command under horovodrun on this machine with each local rank "
-                    "pinned to a core and capped at a share of CPU by a cgroup quota, to "
-                    "emulate a heterogeneous cluster. Needs root.",
-        epilog="example: python -m hvd_balance.emulate --cpu-shares 1.0,0.25 "
-               "--step-delay-ms 0,5 -- python train.py --epochs 3")
-    parser.add_argument("--cpu-shares", required=True, type=parse_cpu_shares,
+                    "pinned to a core and capped at a share of CPU by a cgroup quota, or "
+                    "with its compute slowed by a factor, to emulate a heterogeneous "
+                    "cluster. Needs root.",
+        epilog="examples: python -m hvd_balance.emulate --cpu-shares 1.0,0.25 "
+               "--step-delay-ms 0,5 -- python train.py --epochs 3;  "
+               "python -m hvd_balance.emulate --slowdown 1,4 -- python train.py")
+    parser.add_argument("--cpu-shares", type=parse_cpu_shares, default=None,
                         metavar="S0,S1,...",
                         help="per rank, the CPU share in cores (0.25 = a quarter of one "
                              "core; above 1 = several cores); one value per rank, which "
-                             "also sets the number of ranks")
+                             "also sets the number of ranks (default with --slowdown: 1 "
+                             "for every rank, no quota binds)")
+    parser.add_argument("--slowdown", type=parse_slowdowns, default=None, metavar="K0,K1,...",
+                        help="per rank, a factor >= 1 by which its compute is slowed (1: "
+                             "unchanged) while its collectives run at full speed: each "
+                             "training step waits K-1 times its compute before the gradient "
+                             f"allreduce (passed to the rank as {ENV_SLOWDOWN}; needs "
+                             "hvd_balance.DistributedOptimizer)")
     parser.add_argument("-np", "--num-proc", type=int, default=None, metavar="N",
-                        help="number of ranks; optional, must match --cpu-shares")
+                        help="number of ranks; optional, must match --cpu-shares and "
+                             "--slowdown")
     parser.add_argument("--step-delay-ms", type=parse_step_delays, default=None,
                         metavar="D0,D1,...",
                         help="per rank, a fixed per-step delay in ms passed to the rank as "
@@ -617,6 +662,7 @@ class _Launch:
 
     shares: Tuple[float, ...]
     step_delays_ms: Tuple[float, ...]
+    slowdowns: Tuple[float, ...]
     rank_cores: Tuple[Tuple[int, ...], ...]
     period_us: int
     weight: float
@@ -636,11 +682,20 @@ def _parse_launch(argv: Sequence[str]) -> _Launch:
         command = command[1:]
     if not command:
         parser.error("give the command to run after --, e.g. -- python train.py")
-    shares = args.cpu_shares
-    num_ranks = len(shares)
+    if args.cpu_shares is None and args.slowdown is None:
+        parser.error("give --cpu-shares or --slowdown (one value per rank)")
+    # The option that sets the number of ranks: --cpu-shares, else --slowdown.
+    counted_by, given = (("--cpu-shares", args.cpu_shares) if args.cpu_shares is not None
+                         else ("--slowdown", args.slowdown))
+    num_ranks = len(given)
     if args.num_proc is not None and args.num_proc != num_ranks:
         parser.error(f"-np {args.num_proc} does not match the {num_ranks} values of "
-                     f"--cpu-shares {','.join(_fmt(s) for s in shares)}")
+                     f"{counted_by} {','.join(_fmt(s) for s in given)}")
+    shares = args.cpu_shares if args.cpu_shares is not None else (1.0,) * num_ranks
+    slowdowns = args.slowdown if args.slowdown is not None else (1.0,) * num_ranks
+    if len(slowdowns) != num_ranks:
+        parser.error(f"--slowdown has {len(slowdowns)} values "
+                     f"({','.join(_fmt(k) for k in slowdowns)}) for {num_ranks} ranks")
     delays = args.step_delay_ms if args.step_delay_ms is not None else (0.0,) * num_ranks
     if len(delays) != num_ranks:
         parser.error(f"--step-delay-ms has {len(delays)} values "
@@ -663,8 +718,9 @@ def _parse_launch(argv: Sequence[str]) -> _Launch:
         extra = tuple(shlex.split(args.horovodrun_args))
     except ValueError as e:
         parser.error(f"--horovodrun-args {args.horovodrun_args!r}: {e}")
-    return _Launch(shares, delays, assign_cores(shares, cores), args.period_us, args.weight,
-                   args.horovodrun, extra, tuple(command))
+    loads = [share / k for share, k in zip(shares, slowdowns)]
+    return _Launch(shares, delays, slowdowns, assign_cores(shares, cores, loads), args.period_us,
+                   args.weight, args.horovodrun, extra, tuple(command))
 
 
 def _horovodrun_command(launch: _Launch, horovodrun: str, group_dir: str) -> List[str]:
@@ -674,7 +730,8 @@ def _horovodrun_command(launch: _Launch, horovodrun: str, group_dir: str) -> Lis
                "--cgroup-dir", group_dir,
                "--cores", "/".join(",".join(map(str, c)) for c in launch.rank_cores),
                "--shares", ",".join(_fmt(s) for s in launch.shares),
-               "--step-delay-ms", ",".join(_fmt(d) for d in launch.step_delays_ms), "--"]
+               "--step-delay-ms", ",".join(_fmt(d) for d in launch.step_delays_ms),
+               "--slowdown", ",".join(_fmt(k) for k in launch.slowdowns), "--"]
     return [horovodrun, *launch.horovodrun_args, "-np", str(n), "-H", f"localhost:{n}",
             *wrapper, *launch.command]
 
@@ -693,8 +750,9 @@ def _launch(argv: Sequence[str]) -> int:
         return _fail(f"horovodrun not found (looked for {launch.horovodrun or 'horovodrun'} "
                      f"beside {sys.executable} and on PATH)")
     for rank, (share, cores) in enumerate(zip(launch.shares, launch.rank_cores)):
-        logger.info("rank %d: cores %s, share %s, step delay %s ms", rank,
-                    ",".join(map(str, cores)), _fmt(share), _fmt(launch.step_delays_ms[rank]))
+        logger.info("rank %d: cores %s, share %s, step delay %s ms, slowdown %s", rank,
+                    ",".join(map(str, cores)), _fmt(share), _fmt(launch.step_delays_ms[rank]),
+                    _fmt(launch.slowdowns[rank]))
         if share > len(cores):
             logger.warning("rank %d: share %s is more than the %d core(s) it is pinned to",
                            rank, _fmt(share), len(cores))
@@ -743,6 +801,7 @@ def _rank_wrapper(argv: Sequence[str]) -> int:
     parser.add_argument("--cores", required=True, help="per rank, '/'-separated core lists")
     parser.add_argument("--shares", required=True, type=parse_cpu_shares)
     parser.add_argument("--step-delay-ms", required=True, type=parse_step_delays)
+    parser.add_argument("--slowdown", required=True, type=parse_slowdowns)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -763,6 +822,7 @@ def _rank_wrapper(argv: Sequence[str]) -> int:
                      f"{per_rank_cores[rank]}: {e}")
     os.environ[ENV_CPU_SHARE] = _fmt(args.shares[rank])
     os.environ[ENV_STEP_DELAY_MS] = _fmt(args.step_delay_ms[rank])
+    os.environ[ENV_SLOWDOWN] = _fmt(args.slowdown[rank])
     sys.stdout.flush()
     try:
         os.execvp(command[0], command)
@@ -774,7 +834,8 @@ def _rank_wrapper(argv: Sequence[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point: ``main(["--cpu-shares", "1,0.25", "--", "python", "train.py"])``.
+    """Entry point: ``main(["--cpu-shares", "1,0.25", "--", "python", "train.py"])`` or
+    ``main(["--slowdown", "1,4", "--", "python", "train.py"])``.
 
     Returns the exit status (the command's, or 2 when the emulation cannot be set up);
     argparse errors exit with status 2.

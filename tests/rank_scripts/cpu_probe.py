@@ -61,6 +61,7 @@ print(json.dumps({
     "cpu_cgroup": cpu_group,
     "cpu_share": os.environ.get("HVD_BALANCE_CPU_SHARE"),
     "step_delay_ms": os.environ.get("HVD_BALANCE_STEP_DELAY_MS"),
+    "slowdown": os.environ.get("HVD_BALANCE_SLOWDOWN"),
 }), flush=True)
 if rank == args.signal_launcher_rank:
     time.sleep(1)

@@ -1,5 +1,6 @@
 """hvd_balance.bench: the figures' formulas, the per-step timing on real ranks, and a smoke run."""
 
+import doctest
 import json
 import os
 import signal
@@ -92,6 +93,73 @@ def test_summary_holds_every_figure_per_strategy():
     assert bal["benchmark_share"] == pytest.approx(0.05 / 1.57)
     assert summary["balanced_vs_proportional"]["epoch_time_ratio"] == pytest.approx(0.6 / 0.52)
     assert figures.targets(summary, [1.0, 0.25], [0, 0])["speedup_over_uniform>=2.0"]["met"]
+
+
+def test_share_of_ideal_is_the_speedup_over_the_ideal_of_the_rates():
+    # uniform's step is the slowest rank's, (B/N) / min r; the ideal one B / sum r
+    assert figures.share_of_ideal(2.5, [640.0, 160.0]) == pytest.approx(1.0)
+    assert figures.share_of_ideal(2.0, [640.0, 160.0]) == pytest.approx(0.8)
+    assert figures.share_of_ideal(1.0, [100.0, 100.0, 100.0]) == pytest.approx(1.0)
+    # --slowdown 1,2,4,4 on identical cores: rates r / k_i, ideal 4 * (1 + 1/2 + 1/4 + 1/4) / 4
+    assert figures.share_of_ideal(1.84, [1.0, 0.5, 0.25, 0.25]) == pytest.approx(0.92)
+
+
+def test_the_figures_docstring_examples_hold():
+    result = doctest.testmod(figures)
+    assert result.failed == 0 and result.attempted >= 5, result
+
+
+def test_summary_prints_the_balanced_share_of_ideal_with_uniform_and_balanced():
+    jobs = [
+        _fake_job("uniform", 0, [64, 64], busy=[0.1, 0.4], wait=[0.31, 0.01], epoch_s=[2.0, 1.3]),
+        _fake_job("balanced", 0, [102, 26], busy=[0.16, 0.16], wait=[0.01, 0.01],
+                  epoch_s=[1.0, 0.65]),
+    ]
+    report = {"config": {"strategies": ["uniform", "balanced"], "global_batch": 128,
+                         "shares": [1.0, 1.0], "step_delay_ms": [0, 0], "epochs": 2,
+                         "slowdown": [1.0, 4.0]},
+              "jobs": jobs}
+    out = driver.finish(report, os.devnull)
+    share = out["balanced_share_of_ideal"]
+    assert share["value"] == pytest.approx((1.3 / 0.65) / 2.5)  # rates 640 and 160: ideal 2.5
+    assert share["ideal_speedup_from_slowdown"] == pytest.approx(2.5)
+    text = driver.format_summary(out)
+    assert "balanced share of ideal: 0.800 (speedup 2.00x over uniform / ideal 2.50x" in text
+    assert out["targets"]["balanced_share_of_ideal>=0.95"] == {"value": pytest.approx(0.8),
+                                                               "met": False}
+    # without balanced there is no such line
+    alone = {"config": {**report["config"], "strategies": ["uniform"]}, "jobs": jobs[:1]}
+    assert "share of ideal" not in driver.format_summary(driver.finish(alone, os.devnull))
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--slowdown", "1,0.5"], "slowdown '0.5' (rank 1)"),
+    (["--slowdown", "1,x"], "slowdown 'x' (rank 1) is not a number"),
+])
+def test_a_bad_slowdown_is_refused_by_name(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        driver.main([*argv, "--out", os.devnull])
+    assert exit_.value.code == 2 and named in capsys.readouterr().err
+
+
+def test_a_slowdown_for_another_number_of_ranks_is_refused_by_name():
+    with pytest.raises(SystemExit, match="--slowdown 1,4,4 has 3 values for the 2 ranks of "
+                                         "--shares 1.0,0.25"):
+        driver.main(["--slowdown", "1,4,4", "--shares", "1.0,0.25", "--out", os.devnull])
+    with pytest.raises(SystemExit, match="--slowdown needs the emulation, not --hosts"):
+        driver.main(["--slowdown", "1,4", "--hosts", "a:1,b:1", "--out", os.devnull])
+
+
+def test_a_slowdown_alone_runs_every_rank_at_a_whole_core(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(driver, "run_driver", lambda args, argv: seen.update(args=args) or 0)
+    assert driver.main(["--slowdown", "1,2,4,4", "--smoke", "--out", os.devnull]) == 0
+    args = seen["args"]
+    assert args.shares == "1,1,1,1" and args.slowdown == (1.0, 2.0, 4.0, 4.0)
+    command = driver.job_command(args, "uniform", "/tmp/job.json")
+    launcher = command[:command.index("--")]
+    assert launcher[launcher.index("--cpu-shares") + 1] == "1,1,1,1"
+    assert launcher[launcher.index("--slowdown") + 1] == "1,2,4,4"
 
 
 def test_a_start_from_equal_batches_is_charged_its_first_steps():

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from support import PYTHON, REPO, rank_env, run_ranks
+from support import PYTHON, REPO, rank_env, run_command, run_ranks
 from hvd_balance.tools import emulate
 
 PROBE = "tests/rank_scripts/cpu_probe.py"
@@ -125,6 +125,25 @@ def test_ranks_get_their_share_and_step_delay_in_env(shares_run):
     _, per_rank = shares_run
     assert (per_rank[0]["cpu_share"], per_rank[0]["step_delay_ms"]) == ("1", "0")
     assert (per_rank[1]["cpu_share"], per_rank[1]["step_delay_ms"]) == ("0.25", "5")
+    assert per_rank[0]["slowdown"] == per_rank[1]["slowdown"] == "1"  # none asked: unchanged
+
+
+@needs_cgroups
+@pytest.mark.timeout(90)
+def test_slowdown_alone_pins_each_rank_and_passes_its_factor():
+    """``--slowdown`` without ``--cpu-shares``: one core each (a whole core: no quota binds),
+    and the factor in the rank's environment, where hvd_balance's optimizer reads it."""
+    run = run_command([PYTHON, "-m", "hvd_balance.emulate", "--slowdown", "1,4", "--",
+                       PYTHON, str(REPO / PROBE), "--seconds", "0.5"], rank_env(), timeout=60,
+                      emulated=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    per_rank = probes(run)
+    assert [per_rank[r]["slowdown"] for r in (0, 1)] == ["1", "4"], per_rank
+    assert [per_rank[r]["cpu_share"] for r in (0, 1)] == ["1", "1"], per_rank
+    available = sorted(os.sched_getaffinity(0))
+    assert per_rank[0]["affinity"] == [available[0]]
+    assert per_rank[1]["affinity"] == [available[1 % len(available)]]
+    assert not os.path.exists(launcher_group(per_rank[0])) and run.leftovers == []
 
 
 @needs_cgroups
@@ -203,6 +222,12 @@ def test_bad_share_is_refused_by_name(shares, named):
     (["--cpu-shares", "1,0.5", "--cores", "4096"], "core 4096"),
     (["--cpu-shares", "1,0.5", "--period-us", "100"], "--period-us 100"),
     (["--cpu-shares", "1,0.5"], "after --"),
+    (["--slowdown", "1,0.5"], "slowdown '0.5' (rank 1)"),
+    (["--slowdown", "1,x"], "slowdown 'x' (rank 1) is not a number"),
+    (["--slowdown", "1,inf"], "slowdown 'inf' (rank 1)"),
+    (["--cpu-shares", "1,0.5", "--slowdown", "1,4,4"], "--slowdown has 3 values (1,4,4) for 2 ranks"),
+    (["-np", "3", "--slowdown", "1,4"], "-np 3 does not match the 2 values of --slowdown 1,4"),
+    ([], "give --cpu-shares or --slowdown"),
 ])
 def test_bad_arguments_are_refused_by_name(args, named):
     done, pid = launch(*args, *(["--", "true"] if named != "after --" else []))
@@ -399,6 +424,26 @@ def test_packed_cores_carry_at_most_the_fair_load_plus_one_rank():
         # each rank goes to the least loaded core, so no core exceeds the mean by more than
         # one rank's share (list scheduling's bound)
         assert max(load.values()) <= sum(shares) / len(cores) + max(shares) + 1e-9
+
+
+def test_slowdowns_parse_to_one_factor_per_rank():
+    assert emulate.parse_slowdowns("1, 4,2.5") == (1.0, 4.0, 2.5)
+
+
+def test_cores_are_packed_by_load_when_a_slowdown_leaves_a_rank_idle():
+    # share 1 each, slowdowns 1,2,4,4: the slowed ranks use a half and quarters of a core
+    loads = [1.0, 0.5, 0.25, 0.25]
+    assert emulate.assign_cores([1.0] * 4, (0, 1), loads) == ((0,), (1,), (1,), (1,))
+    assert emulate.assign_cores([2.0, 1.0], (0, 1, 2), [0.5, 1.0]) == ((1, 2), (0,))
+
+
+@pytest.mark.timeout(30)
+def test_rank_wrapper_passes_the_slowdown_to_the_rank(monkeypatch):
+    launch = emulate._parse_launch(["--slowdown", "1,4", "--", "python", "train.py"])
+    assert launch.shares == (1.0, 1.0) and launch.slowdowns == (1.0, 4.0)
+    command = emulate._horovodrun_command(launch, "horovodrun", "/sys/fs/cgroup/cpu/x")
+    assert command[command.index("--slowdown") + 1] == "1,4"
+    assert command[-2:] == ["python", "train.py"]
 
 
 def test_parse_cores_ranges():

@@ -9,6 +9,7 @@ quota per rank, and optionally a fixed delay per training step), interleaved
         --global-batch 512 --samples 25600 --benchmark-batches 0.25x,0.5x \\
         --benchmark-repeats 3 --out results/cnn_2ranks.json --plot docs/bench/cnn_2ranks.png
     hvd-balance bench --model cnn --shares 1.0,1.0 --step-delay-ms 0,20 ...
+    python -m hvd_balance.bench --slowdown 1,4 --strategies uniform,balanced ...  # slow compute
     python -m hvd_balance.bench --smoke --out results/smoke.json   # one tiny repetition
 
 Each job runs in its own session; past ``--job-timeout``, or when the driver gets SIGINT,
@@ -48,6 +49,11 @@ Strategies (same global batch ``B``, samples, seed, model, data pipeline and ste
   give, the scale a ``paired`` figure near 1 is read on. Run both interleaved:
   ``--strategies paired,control``.
 
+``--slowdown K0,K1,...`` (:mod:`hvd_balance.emulate`'s, docs/emulation.md) slows each
+rank's compute ``k_i`` times and leaves its collectives at full speed (without ``--shares``,
+no quota binds); the benchmark's own step applies the wait, before its ready timestamp, for
+every strategy alike (uniform's optimizer is plain Horovod's), so it is busy time.
+
 Models (``--model``): ``cnn`` (16x16x1 images), ``mlp`` (256 features), ``tiny`` (smoke
 runs), and two realistic ones (:mod:`hvd_balance.tools.bench.models`): ``resnet``, a ResNet-8
 with batch normalization on 32x32x3 images (``--batch-norm sync``:
@@ -80,6 +86,10 @@ all of them for a one-epoch run); per strategy it reports the median over repeti
   ``r_i = (B / N) / busy_i``: the uniform step with no overhead takes ``max_i busy_i``, the
   ideal step (every rank busy all the time, no overhead) ``B / sum_i r_i``, so
   ``ideal_speedup = max_i busy_i * sum_i r_i / B = max_i busy_i * mean_i (1 / busy_i)``;
+- ``balanced share of ideal`` (a summary line, when ``uniform`` and ``balanced`` both ran):
+  balanced's speedup over uniform divided by the ideal speedup of the uniform jobs' rates
+  ``r_i``, ``sum_i r_i / (N min_i r_i)`` (:func:`figures.share_of_ideal`; with ``--slowdown``
+  the ideal of the factors alone, rates ``r / k_i``, is printed beside it);
 - ``efficiency``: per step ``mean_i busy_i / max_i busy_i``, median over steps; and
   ``efficiency_ceiling``, the same with each rank's busy times scaled to a common median
   (what the step-to-step jitter alone leaves to a perfect plan);

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from ..emulate import RANK_ENV
-from .figures import _median, summarize, summarize_job, targets
+from ..emulate import RANK_ENV, parse_slowdowns
+from .figures import _median, share_of_ideal, summarize, summarize_job, targets
 from .models import BATCH_NORMS, sync_batch_norm_available
 from .plot import plot
 from .settings import (_STOP_GRACE_S, ALL_STRATEGIES, COMPRESSIONS, DEFAULT_LEARNING_RATE,
@@ -43,6 +43,8 @@ def job_command(args, strategy: str, job_out: str) -> List[str]:
            "--period-us", str(args.period_us)]
     if args.step_delay_ms:
         cmd += ["--step-delay-ms", args.step_delay_ms]
+    if args.slowdown:
+        cmd += ["--slowdown", ",".join(f"{k:g}" for k in args.slowdown)]
     cmd += ["--", sys.executable, "-m", "hvd_balance.bench", "--worker", "--strategy", strategy,
             "--model", args.model, "--epochs", str(args.epochs),
             "--global-batch", str(args.global_batch), "--samples", str(args.samples),
@@ -142,6 +144,8 @@ def run_driver(args, argv: Sequence[str]) -> int:
                          "(the hosts' own quotas, for the report)")
     if args.hosts and args.step_delay_ms:
         raise SystemExit("hvd_balance.bench: --step-delay-ms needs the emulation, not --hosts")
+    if args.hosts and args.slowdown:
+        raise SystemExit("hvd_balance.bench: --slowdown needs the emulation, not --hosts")
     delays = [float(d) for d in args.step_delay_ms.split(",")] if args.step_delay_ms else [0.0] * len(shares)
     strategies = [s.strip() for s in args.strategies.split(",")]
     for s in strategies:
@@ -195,6 +199,7 @@ def run_driver(args, argv: Sequence[str]) -> int:
     report = {
         "command": command,
         "config": {"model": args.model, "shares": shares, "step_delay_ms": delays,
+                   "slowdown": list(args.slowdown) if args.slowdown else None,
                    "reps": args.reps, "epochs": args.epochs, "global_batch": args.global_batch,
                    "samples": args.samples, "seed": args.seed, "strategies": strategies,
                    "batch_norm": args.batch_norm if args.model == "resnet" else None,
@@ -221,7 +226,14 @@ def finish(report: Dict[str, Any], out: str, plot_path: Optional[str] = None) ->
     summary = summarize(report["jobs"], cfg["strategies"], cfg["global_batch"])
     jobs = report.pop("jobs")
     report.update(summary)
-    report["targets"] = targets(summary, cfg["shares"], cfg["step_delay_ms"], cfg["epochs"])
+    slowdown = cfg.get("slowdown")
+    share_of = report.get("balanced_share_of_ideal")
+    if share_of and slowdown and len(set(cfg["shares"])) == 1:
+        # The ideal the factors alone give (rates r / k_i): the measured rates should be close.
+        share_of["ideal_speedup_from_slowdown"] = (
+            share_of["speedup"] / share_of_ideal(share_of["speedup"], [1 / k for k in slowdown]))
+    report["targets"] = targets(summary, cfg["shares"], cfg["step_delay_ms"], cfg["epochs"],
+                                slowdown)
     report["jobs"] = jobs  # last: the raw figures
     tmp = out + ".tmp"
     with open(tmp, "w") as f:
@@ -280,6 +292,15 @@ def format_summary(report: Dict[str, Any]) -> str:
                         if interval else "") +
                      f"; per job, its median paper step / median default step "
                      f"{_fmt_list(paired['ratio_per_rep'], 1, '{:.3f}')})")
+    share_of = report.get("balanced_share_of_ideal")
+    if share_of:
+        from_factors = share_of.get("ideal_speedup_from_slowdown")
+        lines.append(f"balanced share of ideal: {share_of['value']:.3f} (speedup "
+                     f"{share_of['speedup']:.2f}x over uniform / ideal "
+                     f"{share_of['ideal_speedup']:.2f}x from the uniform jobs' rates "
+                     f"{_fmt_list(share_of['samples_per_s'], 1, '{:.0f}')} samples/s"
+                     + (f"; the slowdown factors alone give {from_factors:.2f}x"
+                        if from_factors else "") + ")")
     if report.get("balanced_vs_proportional"):
         lines.append(f"proportional / balanced epoch time: "
                      f"{report['balanced_vs_proportional']['epoch_time_ratio']:.3f}")
@@ -310,7 +331,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout", type=int, default=HELDOUT,
                    help="held-out samples the accuracy is measured on after training "
                         "(the same for every strategy; default %(default)s, 0: none)")
-    p.add_argument("--shares", default="1.0,0.25", help="per rank CPU share in cores")
+    p.add_argument("--shares", default=None,
+                   help="per rank CPU share in cores (default 1.0,0.25; with --slowdown, 1 "
+                        "for every rank: pinned to a core each, no quota binds)")
+    p.add_argument("--slowdown", type=parse_slowdowns, default=None, metavar="K0,K1,...",
+                   help="per rank, a factor >= 1 by which its compute is slowed while its "
+                        "collectives run at full speed (hvd_balance.emulate --slowdown), e.g. "
+                        "1,4; the summary then prints 'balanced share of ideal'")
     p.add_argument("--hosts", default=None, metavar="HOST:SLOTS,...",
                    help="run the ranks on these hosts with horovodrun -H over ssh instead of "
                         "emulating them here; their speeds are their own (--shares then only "
@@ -384,8 +411,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.smoke:
         given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
         for key, value in SMOKE.items():
+            if key == "shares" and args.slowdown:
+                continue  # the slowdown alone makes the ranks unequal
             if "--" + key.replace("_", "-") not in given:
                 setattr(args, key, value)
+    if args.shares is None:
+        args.shares = (",".join(["1"] * len(args.slowdown)) if args.slowdown else "1.0,0.25")
+    if args.slowdown and len(args.slowdown) != len(args.shares.split(",")):
+        raise SystemExit(f"hvd_balance.bench: --slowdown "
+                         f"{','.join(f'{k:g}' for k in args.slowdown)} has "
+                         f"{len(args.slowdown)} values for the {len(args.shares.split(','))} "
+                         f"ranks of --shares {args.shares}")
     for key in ("reps", "epochs", "global_batch", "samples", "benchmark_repeats"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise SystemExit(f"hvd_balance.bench: --{key.replace('_', '-')} must be >= 1; "

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Optional
 
-from ..emulate import ENV_STEP_DELAY_MS
+from ..emulate import ENV_SLOWDOWN, ENV_STEP_DELAY_MS
 from . import models
 from .settings import (ADAM_MODELS, INPUT_DTYPE, METHOD_OF, MODELS, PAIRED_FIND_EPOCHS,
                        PAIRED_STRATEGIES, paired_order, telemetry_window)
@@ -74,7 +74,8 @@ def _worker_classes():
     import tensorflow as tf
 
     from hvd_balance.keras import compat
-    from hvd_balance.keras.telemetry import collective_seconds_since
+    from hvd_balance.keras.telemetry import (EmulatedSlowdown, collective_seconds_since,
+                                             slowdown_applied_by_caller)
 
     def sleep_ms(ms):
         time.sleep(float(ms) / 1e3)
@@ -106,6 +107,9 @@ def _worker_classes():
         the seconds spent in synchronized layers' collectives in the step (the telemetry's
         rule: a fast rank waiting for a slow one in SyncBatchNormalization is not busy);
         :meth:`start` marks an epoch's beginning and :meth:`read` returns the epoch's steps.
+        ``slowdown``: this rank's emulated slow device (``HVD_BALANCE_SLOWDOWN``), applied by
+        ``TimedSequential`` before its ready timestamp whatever the optimizer (uniform's is
+        plain Horovod's), or ``None``.
         """
 
         def __init__(self, capacity: int):
@@ -115,6 +119,7 @@ def _worker_classes():
             self.wait_s = tf.Variable(tf.zeros([self.capacity], tf.float64), trainable=False)
             self.count = tf.Variable(0, dtype=tf.int32, trainable=False)
             self.layers_seen_s = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+            self.slowdown = EmulatedSlowdown.from_env()
 
         def record(self, ready_s, end_s, layers_s):
             k = tf.minimum(self.count, self.capacity - 1)[None, None]
@@ -139,17 +144,25 @@ def _worker_classes():
 
         def train_step(self, data):
             ready = {}
+            timing = self.step_timing
 
-            def mark_ready(grads):
+            def after(grads):
                 flat = [g for g in tf.nest.flatten(grads, expand_composites=True) if g is not None]
                 with tf.control_dependencies(flat):
-                    ready["s"] = tf.timestamp()
+                    return tf.timestamp()
+
+            def mark_ready(grads):
                 # after the backward pass: its allreduces were created in tape.gradient, before
-                ready["layers_s"] = collective_seconds_since(self.step_timing.layers_seen_s)
+                ready["layers_s"] = collective_seconds_since(timing.layers_seen_s)
+                if timing.slowdown is not None:  # an emulated slow device: its wait is busy time
+                    compute_s = after(grads) - timing.prev_end_s - ready["layers_s"]
+                    grads = timing.slowdown(grads, compute_s, timing.count > 0)
+                ready["s"] = after(grads)
                 with tf.control_dependencies([ready["s"]]):
                     return [None if g is None else tf.identity(g) for g in grads]
 
-            metrics = compat.train_step_with_ready_mark(self, data, mark_ready)
+            with slowdown_applied_by_caller():  # here, once, whatever the optimizer
+                metrics = compat.train_step_with_ready_mark(self, data, mark_ready)
             with tf.control_dependencies([tf.convert_to_tensor(v) for v in self.trainable_variables]):
                 end_s = tf.timestamp()
             with tf.control_dependencies([self.step_timing.record(ready["s"], end_s, ready["layers_s"])]):
@@ -271,6 +284,7 @@ def run_worker(args) -> int:
             "busy_s": recorder.busy_s, "wait_s": recorder.wait_s, "loss": recorder.loss,
             "local_batch_per_epoch": recorder.local_batch,
             "step_delay_ms": delay_ms, "cpu_share": os.environ.get("HVD_BALANCE_CPU_SHARE"),
+            "slowdown": os.environ.get(ENV_SLOWDOWN),
             "benchmark_begin_at": before.at, "benchmark_end_at": after.at,
             "accuracy": accuracy, "eval_s": eval_s}
     ranks = collective.allgather_object(mine, name="hvd_balance.bench.results")
