@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from . import collective, compat
 from .sync_batch_norm import local_statistics
+from .telemetry import EmulatedSlowdown, _timestamp_after
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +130,20 @@ class StepTimer:
                                                             grad.dense_shape))
             return scratch.assign_sub(tf.cast(self._zero, grad.dtype) * grad)
 
+        slowdown = EmulatedSlowdown.from_env()  # HVD_BALANCE_SLOWDOWN: as in the real step
+
         def step(x, y, sample_weight):
             self.traces += 1  # Python side effect: runs once per trace
+            if slowdown is not None:
+                start = _timestamp_after(tf.nest.flatten(x))
+                with tf.control_dependencies([start]):
+                    x = tf.nest.map_structure(tf.identity, x)
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
                 loss = model.compute_loss(x, y, y_pred, sample_weight)
             grads = tape.gradient(loss, model.trainable_variables)
+            if slowdown is not None:  # the step's compute so far, k times over
+                grads = slowdown(grads, _timestamp_after(grads) - start, tf.constant(True))
             updates = [update(s, g) for s, g in zip(self._scratch, grads) if g is not None]
             with tf.control_dependencies(updates):
                 return tf.identity(loss)
