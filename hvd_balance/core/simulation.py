@@ -8,12 +8,10 @@ step times at a few local batches), plans with each strategy and runs synchronou
 * ``proportional``: the paper's rule, ``b_i`` proportional to measured throughput.
 * ``static``: hvd_balance's minmax plan from the benchmark, kept for the whole run.
 * ``adaptive``: the same first plan (``LoadBalancer(data, benchmark=True)``; the default
-  ``LoadBalancer(data)``'s start from equal batches and its first steps' plan are not
-  simulated); every ``replan_every`` steps the window's busy times
-  go to the library's own re-planning rounds, :class:`hvd_balance.core.replan.Rounds` (the
-  same rule, threshold, calibration round, noise allowance and trial of each change against
-  the window's step time as the ``LoadBalancer``; a simulated step is its slowest rank's busy
-  time, never communication-bound, so the paper's plan is never tried there).
+  ``LoadBalancer(data)``'s start from equal batches is not simulated); every
+  ``replan_every`` steps the window's busy times and step go to the library's own
+  re-planning controller, :class:`hvd_balance.core.controller.Controller`, as the
+  ``LoadBalancer`` hands them (a simulated step is its slowest rank's busy time).
 
 Rank i's step time at local batch b and step s is ``(fixed_s_i + s_per_sample_i * b) *
 drift_i(s) * noise_i(s)``: device profiles with a per-rank jitter, a lognormal per-step
@@ -49,7 +47,7 @@ import numpy as np
 
 from .plan import Plan
 from .planner import largest_remainder, plan_batches, predict_step_s
-from .replan import DEFAULT_THRESHOLD, Rounds, robust_busy
+from .controller import DEFAULT_THRESHOLD, Controller, Window, robust_busy
 
 logger = logging.getLogger(__name__)
 
@@ -240,8 +238,8 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
         drift_factor: how many times slower they become.
         replan_every: the adaptive strategy's window in steps (0: never re-plans).
         threshold: the adaptive strategy's re-planning threshold, as in
-            :func:`hvd_balance.core.replan.decide` (a new plan must predict a step faster by
-            more than this fraction plus the window's noise allowance).
+            :class:`hvd_balance.core.controller.Controller` (a new plan must predict a step
+            shorter by this fraction plus the measured variation).
         seed: seeds the benchmark noise, the drifting ranks and the per-step noise.
         curves: benchmark curves to plan from, (N, K, 2); default :func:`benchmark_curves`.
         series: keep the per-step series (for plots) in the result.
@@ -293,7 +291,7 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
     smallest = {s: int(b.min()) for s, b in batches.items()}  # smallest local batch used
     adaptive_plan = static
     # what the adaptive strategy has learned, as the LoadBalancer keeps it
-    rounds = Rounds(threshold, paper=proportional)
+    controller = Controller(threshold)
     makespan = {s: np.empty(steps) for s in STRATEGIES}
     efficiency = {s: np.empty(steps) for s in STRATEGIES}
     idle = {s: np.empty(steps) for s in STRATEGIES}
@@ -315,18 +313,18 @@ def simulate(cluster: Cluster, steps: int = 1000, global_batch_size: Optional[in
                 # Each rank's median busy time of the window and its noise, exactly what the
                 # callback hands the same rule.
                 stats = [robust_busy(busy[:, i]) for i in range(n)]
-                decision, rounds = rounds.next(adaptive_plan, [m for m, _ in stats],
-                                               [e for _, e in stats], step_s=float(top.mean()))
+                measured = Window(adaptive_plan.batch_sizes, [m for m, _ in stats],
+                                  [e for _, e in stats], step_s=float(top.mean()))
+                decision, controller = controller.next(adaptive_plan, measured)
                 adaptive_plan = decision.plan
-                if decision.changed:
+                if decision.decision != "kept":
                     batches[s] = np.array(adaptive_plan.batch_sizes)
                     base_s[s] = cluster.step_s(batches[s])
                     smallest[s] = min(smallest[s], int(batches[s].min()))
-                    replans.append({"step": s1, "predicted_gain": decision.gain,
-                                    "reverted": decision.reverted,
-                                    "predicted_step_s": adaptive_plan.predicted_makespan_s})
-                    logger.info("step %d: adaptive re-plan, predicted gain %.1f%%", s1,
-                                100 * decision.gain)
+                    replans.append({"step": s1, "decision": decision.decision,
+                                    "predicted_step_s": decision.predicted_s,
+                                    "measured_step_s": decision.measured_s})
+                    logger.info("step %d: adaptive %s", s1, decision.decision)
     timing["simulate_s"] = time.perf_counter() - start
     before = np.arange(steps) < drift_step if drift_step >= 0 else np.ones(steps, dtype=bool)
     strategies = {}

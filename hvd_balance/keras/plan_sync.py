@@ -184,3 +184,21 @@ def apply_plan(plan: Plan, data: BalancedData, optimizer=None,
         raise TypeError(
             "unequal local batches need hvd_balance.DistributedOptimizer to weight the "
             f"gradients; the model's optimizer is {type(optimizer).__name__}")
+
+
+def first_plan(model, data: BalancedData, given=None, benchmark: bool = False,
+               min_batch_size=None, **benchmark_options) -> Plan:
+    """The plan a job starts from: ``given`` (checked against the job), equal batches, or a
+    benchmark's (``benchmark_options``: ``method``, ``max_batch_size``, ``batch_sizes``,
+    ``repeats``); a given plan and the equal start must meet ``min_batch_size``, which
+    re-plans then keep."""
+    if given is not None:
+        plan = resolve_given_plan(given, data)
+    elif not benchmark:
+        plan = equal_start(data)
+    else:
+        return benchmark_and_plan(model, data, min_batch_size=min_batch_size, **benchmark_options)
+    if min_batch_size is None:
+        return plan
+    return collective.all_ok(lambda: plan.with_floors(min_batch_size),
+                             name="hvd_balance.min_batch_size")

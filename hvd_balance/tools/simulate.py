@@ -30,7 +30,7 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from ..core.planner import plan_batches
-from ..core.replan import DEFAULT_THRESHOLD
+from ..core.controller import DEFAULT_THRESHOLD
 from ..core.simulation import (DEVICES, LABELS, MIXES, STRATEGIES, benchmark_curves, make_cluster, simulate)
 
 logger = logging.getLogger(__name__)

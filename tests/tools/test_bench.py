@@ -240,22 +240,18 @@ def test_the_paired_strategy_needs_pairs_of_epochs_of_2_steps():
                      "--global-batch", "512", "--out", "/dev/null"])
 
 
-def _round(epoch, step=0, changed=False, reverted=False, threshold=0.08):
-    return {"epoch": epoch, "step": step, "changed": changed, "reverted": reverted,
-            "threshold": threshold}
+def _round(epoch, step=0, decision="kept"):
+    return {"epoch": epoch, "step": step, "decision": decision}
 
 
 @pytest.mark.parametrize("history, epoch, settled", [
-    ([_round(1, step=3, changed=True), _round(1), _round(2)], 2, True),  # kept twice
-    ([_round(1, step=3, changed=True), _round(1, changed=True, reverted=True)], 1, True),
-    ([_round(1), _round(2, changed=True)], 2, False),  # a change not yet measured
-    ([_round(1), _round(2, step=3, changed=True)], 2, False),  # mid-epoch: not a round's end
+    ([_round(1, step=3, decision="switched"), _round(1), _round(2)], 2, True),  # kept twice
+    ([_round(1, step=3, decision="switched"), _round(1, decision="reverted")], 1, True),
+    ([_round(1), _round(2, decision="switched")], 2, False),  # a switch not yet measured
+    ([_round(1), _round(2, step=3, decision="switched")], 2, False),  # mid-epoch: no round's end
     ([_round(1), _round(2)], 3, False),  # no round at this epoch's end
-    ([_round(1, changed=True), _round(2)], 2, False),  # one window of these batches only
-    ([_round(1, threshold=None), _round(2, threshold=None)], 2, False),  # nothing decided
-    ([_round(1), {**_round(2), "extended": True}], 2, False),  # a trial's verdict pending
-    ([{**_round(1), "extended": True}, _round(2)], 2, False),  # one round kept after it only
-    ([{**_round(1), "extended": True}, _round(2), _round(3)], 3, True),
+    ([_round(1, decision="switched"), _round(2)], 2, False),  # one window of these batches only
+    ([_round(1, decision=None), _round(2, decision=None)], 2, False),  # nothing decided
 ])
 def test_the_default_settles_on_a_revert_or_two_rounds_that_kept_its_plan(history, epoch, settled):
     assert worker._settled(history, epoch) is settled

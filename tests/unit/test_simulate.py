@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hvd_balance.core import replan, simulation as sim
+from hvd_balance.core import controller, simulation as sim
 from hvd_balance.core.planner import plan_batches, predict_step_s
 from hvd_balance.tools import simulate as sim_tool
 
@@ -136,36 +136,34 @@ def test_adaptive_keeps_its_plan_without_reason():
     assert result["series"]["adaptive"] == result["series"]["static"]
 
 
-def test_hysteresis_blocks_small_gains():
+def test_a_larger_threshold_blocks_small_gains():
     cluster = sim.make_cluster(64, seed=3)
     eager = sim.simulate(cluster, steps=200, threshold=0.0, seed=3, drift_step=-1)
     calm = sim.simulate(cluster, steps=200, threshold=0.5, seed=3, drift_step=-1)
-    assert calm["replans"] == [] and len(eager["replans"]) > len(calm["replans"])
-    assert all(r["predicted_gain"] > 0 for r in eager["replans"])
+    assert calm["replans"] == [] and len(eager["replans"]) >= len(calm["replans"])
+    assert all(r["predicted_step_s"] < r["measured_step_s"] for r in eager["replans"]
+               if r["decision"] == "switched")
 
 
-def test_adaptive_is_the_library_rule(monkeypatch):
-    """The simulator re-plans through replan.Rounds with its default threshold, the first round
-    a calibration: the same calls LoadBalancer makes, so the simulated "adaptive" is the
-    library's."""
-    assert inspect.signature(sim.simulate).parameters["threshold"].default == replan.DEFAULT_THRESHOLD
+def test_adaptive_is_the_library_controller(monkeypatch):
+    """The simulator re-plans through controller.Controller with its default threshold, a
+    measured step in every window: the same calls LoadBalancer makes."""
+    assert (inspect.signature(sim.simulate).parameters["threshold"].default
+            == controller.DEFAULT_THRESHOLD)
     calls = []
-    library = replan.Rounds.next
+    library = controller.Controller.next
 
-    def recording(self, plan, busy_s, noise=None, step_s=None, **kw):
-        decision, after = library(self, plan, busy_s, noise, step_s, **kw)
-        calls.append((replan.round_threshold(self.threshold, self.calibrating), decision.changed,
-                      step_s))
+    def recording(self, plan, window):
+        decision, after = library(self, plan, window)
+        calls.append((decision.decision, window.step_s))
         return decision, after
 
-    monkeypatch.setattr(replan.Rounds, "next", recording)
+    monkeypatch.setattr(controller.Controller, "next", recording)
     result = sim.simulate(sim.make_cluster(32, seed=1), steps=300, drift_step=100, replan_every=25,
                           seed=1, series=False)
     assert len(calls) == 300 // 25 - 1  # every window but the last
-    assert calls[0][0] == replan.CALIBRATION_THRESHOLD
-    assert all(t == replan.DEFAULT_THRESHOLD for t, _, _ in calls[1:])
-    assert all(step is not None and step > 0 for _, _, step in calls)  # changes are judged
-    assert sum(changed for _, changed, _ in calls) == len(result["replans"]) >= 1
+    assert all(step is not None and step > 0 for _, step in calls)  # switches are judged
+    assert sum(d != "kept" for d, _ in calls) == len(result["replans"]) >= 1
 
 
 # ---------------------------------------------------------------- the figures

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...core.replan import MIN_SAMPLES
+from ...core.controller import MIN_SAMPLES
 
 # uniform: plain Horovod, equal batches; proportional: the paper's rule from the benchmark,
 # kept (LoadBalancer(method="proportional", rebalance="off")); balanced: LoadBalancer(data)

@@ -392,36 +392,27 @@ def _paired_fit(model, data, callbacks, before, after, benchmark_options, args, 
 
 
 def _settled(history, epoch: int) -> bool:
-    """Whether the LoadBalancer's rounds up to the end of ``epoch`` left a plan its rules have
-    judged and would keep: the round at that epoch's end reverted a change (the plan restored
-    is held), or it and the epoch-end round before it both decided to keep the plan in force
-    (so the second had two windows of the same batches, which the steady-imbalance rule
-    needs). ``False`` after a round that adopted a change (judged by the next window's step,
-    not yet measured) or ran a trial one window more (``extended``: its verdict comes from
-    the next), and for a round that decided nothing (too few timed steps: no ``threshold`` in
-    its record). The first steps' plan, made mid-epoch, is not an epoch-end
-    round.
+    """Whether the LoadBalancer's windows up to the end of ``epoch`` left a plan its controller
+    has judged and would keep: the epoch-end decision reverted a switch, or it and the
+    epoch-end decision before it both kept the plan. ``False`` after a switch (judged by the
+    next window's step, not yet measured) and for a window that decided nothing (too few timed
+    steps: ``decision`` ``None``). The first steps' plan, made mid-epoch, is not an epoch end.
 
-    >>> kept = {"step": 0, "changed": False, "reverted": False, "threshold": 0.08}
-    >>> _settled([{"epoch": 1, "step": 3, "changed": True, "reverted": False},
-    ...           {**kept, "epoch": 1}], 1)
+    >>> _settled([{"epoch": 1, "step": 3, "decision": "switched"},
+    ...           {"epoch": 1, "step": 0, "decision": "kept"}], 1)
     False
-    >>> _settled([{**kept, "epoch": 1}, {**kept, "epoch": 2}], 2)
+    >>> _settled([{"epoch": 1, "step": 0, "decision": "kept"},
+    ...           {"epoch": 2, "step": 0, "decision": "kept"}], 2)
     True
-    >>> _settled([{"epoch": 1, "step": 0, "changed": True, "reverted": True}], 1)
+    >>> _settled([{"epoch": 1, "step": 0, "decision": "reverted"}], 1)
     True
     """
     rounds = [h for h in history if h["step"] == 0]
     if not rounds or rounds[-1]["epoch"] != epoch:
         return False
-    if rounds[-1]["changed"]:
-        return bool(rounds[-1]["reverted"])
-
-    def kept(round_):
-        return (not round_["changed"] and round_["threshold"] is not None
-                and not round_.get("extended"))
-
-    return len(rounds) >= 2 and kept(rounds[-1]) and kept(rounds[-2])
+    if rounds[-1]["decision"] == "reverted":
+        return True
+    return len(rounds) >= 2 and rounds[-1]["decision"] == rounds[-2]["decision"] == "kept"
 
 
 def heldout_accuracy(model, x, y, batch_size: int = 256):
