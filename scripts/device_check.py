@@ -49,18 +49,6 @@ EXACT_TOLERANCE = 1e-4
 GROUP_TIMEOUT_S = 240  # a collective waits this long for a stuck rank before failing
 
 
-def controller_source() -> str:
-    """``"core"``, or ``"stand-in"`` where core.controller has not landed (tests' fake)."""
-    try:
-        import hvd_balance.core.controller  # noqa: F401,PLC0415
-        return "core"
-    except ImportError:
-        sys.path.insert(0, str(REPO / "tests" / "torch"))
-        import fake_controller  # noqa: PLC0415
-        sys.modules["hvd_balance.core.controller"] = fake_controller
-        return "stand-in (tests/torch/fake_controller.py)"
-
-
 class Block(nn.Module):
     def __init__(self, cin, cout, stride):
         super().__init__()
@@ -205,7 +193,6 @@ def worker(rank, cfg, out_dir):
         torch.backends.cudnn.allow_tf32 = False
     dist.init_process_group("gloo", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-    cfg["controller"] = controller_source()
     results = {"config": cfg, "devices": hb.load_balancer.describe_device(device)}
     results["devices"] = [None] * WORLD
     dist.all_gather_object(results["devices"], hb.load_balancer.describe_device(device))
@@ -263,7 +250,7 @@ def write(results, out_dir: Path):
     cfg = results["config"]
     lines = [f"# Device check ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
              f"Ranks: {', '.join(f'{i}: {d}' for i, d in enumerate(results['devices']))}; "
-             f"torch {torch.__version__}; controller: {cfg['controller']}; global batch "
+             f"torch {torch.__version__}; global batch "
              f"{cfg['global_batch']}, {cfg['steps']} steps an epoch, ResNet-style CNN width "
              f"{cfg['width']}, 32x32 synthetic images, Gloo.", ""]
     ex = results["exact"]

@@ -18,14 +18,14 @@ from . import distributed
 from .comm_hook import SumHookState, allreduce_sum_hook
 from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
+from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window, robust_busy
 from ..core.plan import Plan
 
 
 PLAN_ENV = "HVD_BALANCE_PLAN"
 # Steps of equal batches timed before the first plan: the first step is not timed (its gap
-# holds DDP's and the loader's start-up), so this gives the controller 5 samples per rank.
-FIRST_STEPS = 6
-DEFAULT_THRESHOLD = 0.03  # the user's margin over the measured noise, a fraction of the step
+# holds DDP's and the loader's start-up), so this gives the controller MIN_SAMPLES per rank.
+FIRST_STEPS = MIN_SAMPLES + 1
 
 
 def describe_device(device: Optional[torch.device] = None) -> str:
@@ -173,7 +173,6 @@ class LoadBalancer:
         self._report(start, "start")
 
     def _make_controller(self):
-        from ..core.controller import Controller  # noqa: PLC0415 - the core's, on rank 0 only
         return Controller(threshold=self._threshold)
 
     # -- the training loop's calls -----------------------------------------------------------
@@ -233,7 +232,6 @@ class LoadBalancer:
 
     # -- windows ---------------------------------------------------------------------------
     def _window(self, finished: int, epoch_end: bool) -> None:
-        from ..core.controller import robust_busy  # noqa: PLC0415
         reading = self.telemetry.read()
         busy, noise = robust_busy(reading["busy_samples"])
         counted = reading["busy_steps"]
@@ -259,7 +257,6 @@ class LoadBalancer:
         def decide():
             if any(g["busy_s"] is None for g in gathered):
                 return None  # a rank without a counted step: nothing to decide on
-            from ..core.controller import Window  # noqa: PLC0415
             window = Window(batch_sizes=tuple(plan_now.batch_sizes),
                             busy_s=tuple(float(g["busy_s"]) for g in gathered),
                             noise=tuple(g["noise"] for g in gathered),

@@ -1,28 +1,17 @@
-"""What the torch rank scripts share: the result hand-over, the process group, the controller
-(the core's, or the test stand-in where it has not landed yet)."""
+"""What the torch rank scripts share: the result hand-over and the process group."""
 
-import importlib
 import os
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "rank_scripts"))  # _result
-sys.path.insert(0, str(REPO / "tests" / "torch"))         # fake_controller
 
 import _result  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 emit = _result.emit
-
-try:
-    importlib.import_module("hvd_balance.core.controller")
-    FAKE_CONTROLLER = False
-except ImportError:
-    import fake_controller  # noqa: E402
-    sys.modules["hvd_balance.core.controller"] = fake_controller
-    FAKE_CONTROLLER = True
 
 
 def init():
