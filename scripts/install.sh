@@ -12,12 +12,14 @@
 #   tf-keras  tensorflow-cpu 2.21.0 + tf-keras 2.21 (Keras 2 API on TF 2.21) venv .venv-tf-keras
 #             Its programs must run with TF_USE_LEGACY_KERAS=1 in the environment (scripts/test.sh
 #             sets it for this stack); without it tf.keras is Keras 3. Nothing is set globally.
+#   torch     CPU PyTorch 2.13.0 (hvd_balance.torch on torch.distributed), no TensorFlow,
+#             no Horovod build                                              venv .venv-torch
 # All three get Horovod 0.28.1 compiled from its source release with Gloo against that
 # TensorFlow, with scripts/patches/horovod-0.28.1-tf219-xla.patch applied (needed for
 # TF >= 2.19, a no-op on a CPU build against older TensorFlow).
 #
 # Environment:
-#   HVD_BALANCE_STACK  keras3 | tf-keras | keras2 (default: keras3)
+#   HVD_BALANCE_STACK  keras3 | tf-keras | keras2 | torch (default: keras3)
 #   HVD_BALANCE_VENV   where the virtual environment lives (default: the stack's, above)
 #   HVD_BALANCE_GPU    1 for the GPU (NCCL) build; default 0 (CPU, Gloo)
 #   PYTHON             the interpreter that creates the venv (default: python3.11, else python3)
@@ -41,7 +43,8 @@ case "$stack" in
   tf-keras) TF_VERSION=2.21.0; venv_default=$repo/.venv-tf-keras
             extra_pkgs=("tf-keras==2.21.0"); NUMPY_VERSION=2.1.3
             deps=("scikit-learn>=1.5,<1.8" "matplotlib>=3.9,<3.11") ;;
-  *) log "HVD_BALANCE_STACK=$stack: unknown stack; use keras2, keras3 or tf-keras"; exit 2 ;;
+  torch)    venv_default=$repo/.venv-torch ;;
+  *) log "HVD_BALANCE_STACK=$stack: unknown stack; use keras2, keras3, tf-keras or torch"; exit 2 ;;
 esac
 venv=${HVD_BALANCE_VENV:-$venv_default}
 gpu=${HVD_BALANCE_GPU:-0}
@@ -67,6 +70,43 @@ for spec in sys.argv[1:]:
         sys.exit(1)
 PY
 }
+
+# The torch stack: PyTorch and the pure-Python dependencies, no TensorFlow, no Horovod.
+if [ "$stack" = torch ]; then
+  TORCH_VERSION=2.13.0
+  # The CPU build (no CUDA libraries, ~200 MB instead of ~2.5 GB): first as a local version from
+  # the configured index, else from PyTorch's own CPU index. HVD_BALANCE_GPU=1: PyPI's CUDA build.
+  TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+  torch_deps=("numpy>=1.26" "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "psutil>=5"
+              "scikit-learn>=1.5" wheel setuptools)
+  torch_ok() { "$vpy" - "$TORCH_VERSION" <<'PY' 2>/dev/null
+import sys, numpy, yaml, pytest, pytest_timeout, psutil, sklearn, torch
+sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] and torch.distributed.is_available() else 1)
+PY
+  }
+  if ! torch_ok; then
+    if [ "$gpu" = 1 ]; then
+      log "installing torch==$TORCH_VERSION (CUDA build) and the Python dependencies (torch stack)"
+      vpip install -q "torch==$TORCH_VERSION" "${torch_deps[@]}"
+    elif ! vpip install -q "torch==$TORCH_VERSION+cpu" "${torch_deps[@]}" 2>/dev/null; then
+      log "torch==$TORCH_VERSION+cpu is not on the configured index: trying $TORCH_CPU_INDEX"
+      vpip install -q "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX" \
+        --extra-index-url https://pypi.org/simple "${torch_deps[@]}"
+    fi
+  fi
+  torch_ok || { log "torch $TORCH_VERSION with torch.distributed is not importable in $venv"; exit 1; }
+  if ! "$vpy" -c '
+import importlib.util, os, sys
+s = importlib.util.find_spec("hvd_balance")
+sys.exit(0 if s and s.origin and os.path.realpath(s.origin).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
+' "$repo" 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
+    log "installing hvd_balance (editable)"
+    vpip install -q --no-deps --no-build-isolation -e "$repo"
+  fi
+  log "ready: $venv (torch stack: PyTorch $("$vpy" -c 'import torch; print(torch.__version__)'))"
+  echo "$venv"
+  exit 0
+fi
 
 if [ "$gpu" = 1 ]; then tf_pkg="tensorflow[and-cuda]==$TF_VERSION"; tf_dist=tensorflow
 else tf_pkg="tensorflow-cpu==$TF_VERSION"; tf_dist=tensorflow-cpu; fi

@@ -1,0 +1,159 @@
+"""The collectives the torch edge runs, on ``torch.distributed``, and how failures travel.
+
+Every function here runs the same collectives in the same order on every rank. A tensor on
+an accelerator in a Gloo group is staged through host memory (:func:`all_reduce_sum`), so a
+GPU rank and CPU ranks can share one group; with NCCL (every rank a GPU) it stays where it is.
+An error on one rank becomes the same error on every rank (:func:`all_ok`), so the ranks stay
+in step and every rank's log names the value that was wrong.
+
+The seconds a rank spends inside the collectives of synchronized layers (:func:`all_reduce_sum`
+with ``timed=True``) are added to one per-process total, :func:`collective_seconds`, which the
+telemetry counts as waiting, not compute.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Callable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..core.plan import PlanMismatchError
+
+# Errors raised on every rank keep these types (by name); any other becomes a RuntimeError.
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "PlanMismatchError": PlanMismatchError}
+
+_collective_s = 0.0  # seconds in timed collectives since the process started, only ever added to
+
+
+def is_distributed() -> bool:
+    """Whether a default process group is up (``torch.distributed.init_process_group``)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    """The number of ranks (1 without a process group)."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def backend() -> Optional[str]:
+    """The default group's backend name (``"gloo"``, ``"nccl"``), ``None`` without one."""
+    return str(dist.get_backend()) if is_distributed() else None
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def needs_staging(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` must go through host memory for the default group's backend: an
+    accelerator tensor in a Gloo group (Gloo's own CUDA path assumes every rank has one)."""
+    return tensor.device.type != "cpu" and backend() == "gloo"
+
+
+def collective_seconds() -> float:
+    """Seconds this process has spent in timed collectives (synchronized layers), in total."""
+    return _collective_s
+
+
+def all_reduce_sum(tensor: torch.Tensor, timed: bool = False) -> torch.Tensor:
+    """The element-wise sum of ``tensor`` over all ranks (a new tensor on ``tensor``'s device).
+
+    With ``timed``, the seconds from the call to the result being back are added to
+    :func:`collective_seconds` (an accelerator's pending work is waited for first, so it
+    counts as compute).
+    """
+    global _collective_s
+    if not is_distributed():
+        return tensor.clone()
+    if timed and tensor.device.type == "cuda":
+        torch.cuda.current_stream(tensor.device).synchronize()
+    start = time.perf_counter()
+    if needs_staging(tensor):
+        host = tensor.detach().to("cpu", copy=True)
+        dist.all_reduce(host, op=dist.ReduceOp.SUM)
+        out = host.to(tensor.device)
+    else:
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    if timed:
+        if out.device.type == "cuda":
+            torch.cuda.current_stream(out.device).synchronize()
+        _collective_s += time.perf_counter() - start
+    return out
+
+
+def allgather_object(value: Any) -> List[Any]:
+    """``value`` of every rank, in rank order (picklable objects)."""
+    if not is_distributed():
+        return [value]
+    out: List[Any] = [None] * world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def broadcast_object(value: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``value`` on every rank."""
+    if not is_distributed():
+        return value
+    box = [value if rank() == src else None]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_ok(fn: Callable[[], Any], what: str) -> Any:
+    """``fn()`` on every rank; if it raises on any rank, the same error is raised on all.
+
+    The error keeps the failing rank's type (``ValueError``, ``TypeError``, else
+    ``RuntimeError``) and message, prefixed with the rank(s) it happened on, e.g.
+    ``rank 1: plan file 'p.yaml': ranks[0].local_batch must be an integer >= 1; got 0``.
+    """
+    try:
+        result, error = fn(), None
+    except (ValueError, TypeError, RuntimeError, OSError) as err:
+        result, error = None, (type(err).__name__, str(err))
+    errors = allgather_object(error)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        kind, message = failed[0][1]
+        ranks = [r for r, e in failed if e == failed[0][1]]
+        where = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        raise _ERRORS.get(kind, RuntimeError)(f"{where}: {message}" + (f" ({what})" if what else ""))
+    return result
+
+
+def agree(fn: Callable[[], Any], what: str) -> Any:
+    """``fn()`` computed on rank 0 and broadcast: the same value on every rank; an error on
+    rank 0 is raised on every rank."""
+    def on_root():
+        return fn() if rank() == 0 else None
+    try:
+        value, error = on_root(), None
+    except (ValueError, TypeError, RuntimeError) as err:
+        value, error = None, (type(err).__name__, str(err))
+    value, error = broadcast_object((value, error))
+    if error is not None:
+        raise _ERRORS.get(error[0], RuntimeError)(f"rank 0: {error[1]} ({what})")
+    return value
+
+
+def check_consistent(what: str, **values: Any) -> None:
+    """Raise on every rank unless every rank passed the same ``values``; the message names
+    each differing value and every rank's, e.g. ``global_batch_size differs across ranks:
+    rank 0: 64, rank 1: 48``."""
+    gathered = allgather_object(values)
+    problems = []
+    for key in values:
+        seen = [g.get(key) for g in gathered]
+        if any(v != seen[0] for v in seen):
+            problems.append(f"{key} differs across ranks: " +
+                            ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(seen)))
+    if problems:
+        raise ValueError("; ".join(problems) + f" ({what})")

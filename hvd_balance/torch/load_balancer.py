@@ -1,0 +1,293 @@
+"""LoadBalancer: the object a torch training loop calls once a step to balance the ranks.
+
+    measure (every rank, the DDP hook) -> allgather -> Controller.next (rank 0)
+    -> broadcast -> apply to the sampler and the loss weight (every rank, one step boundary)
+
+The decision is :class:`hvd_balance.core.controller.Controller`'s; this module only
+measures, gathers and applies.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+
+from . import distributed
+from .comm_hook import SumHookState, allreduce_sum_hook
+from .sampler import BalancedBatchSampler
+from .telemetry import StepTelemetry
+from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window, robust_busy
+from ..core.plan import Plan
+
+
+PLAN_ENV = "HVD_BALANCE_PLAN"
+# Steps of equal batches timed before the first plan: the first step is not timed (its gap
+# holds DDP's and the loader's start-up), so this gives the controller MIN_SAMPLES per rank.
+FIRST_STEPS = MIN_SAMPLES + 1
+
+
+def describe_device(device: Optional[torch.device] = None) -> str:
+    """``gpu:<name>`` for a CUDA device, else ``cpu x<threads>`` (for the plan table)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return f"gpu:{torch.cuda.get_device_name(torch.device(device))}"
+    return f"cpu x{torch.get_num_threads()}"
+
+
+def _model_device(model: torch.nn.Module) -> Optional[torch.device]:
+    for p in model.parameters():
+        return p.device
+    return None
+
+
+def _load_plan(plan) -> Plan:
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, dict):
+        return Plan.from_dict(plan)
+    if isinstance(plan, (str, os.PathLike)):
+        return Plan.load(plan)
+    raise TypeError(f"plan must be a Plan, a dict or a path; got {type(plan).__name__}")
+
+
+class LoadBalancer:
+    """Give every rank a local batch sized to its speed, so all ranks finish each step together.
+
+    Training starts from equal batches (or from a given ``plan``). The balancer registers a
+    DDP communication hook that sums the ranks' gradients and times every step (busy: this
+    rank's own work up to its last gradient; wait: until the allreduce is back). After the
+    first ``FIRST_STEPS`` steps, and then at every window (each epoch end, or every ``K``
+    steps), every rank's busy and wait times are gathered, rank 0 asks the core
+    :class:`~hvd_balance.core.controller.Controller` whether to keep, switch or revert the
+    plan, and every rank applies the answer at the same step boundary: its local batch to
+    ``sampler`` and its loss weight ``b_i / B`` to :meth:`scale`.
+
+    Args:
+        model: the ``DistributedDataParallel`` model (a plain module with one rank).
+        sampler: the :class:`BalancedBatchSampler` the ``DataLoader`` draws from.
+        plan: optional :class:`Plan`, plan dict or YAML path to start from (checked against
+            the world size, global batch and hosts). Default: ``$HVD_BALANCE_PLAN`` if set.
+        rebalance: ``"epoch"`` (a window at every epoch end), an int ``K`` (every ``K``
+            steps), or ``"off"``. Default: ``"off"`` with a given plan, else ``"epoch"``.
+        threshold: the controller's margin over the measured noise (fraction of the step).
+        save_plan: optional YAML path; rank 0 writes the plan there (again at each change).
+        verbose: 1 logs the plan table on rank 0 at each change, 0 is silent.
+        controller: the decision maker (default ``Controller(threshold)``); anything with
+            ``next(plan, window) -> (decision, controller)``.
+
+    Attributes:
+        plan: the plan in force at the current step (the same on every rank).
+        history: one dict per window (epoch, step, decision, batch sizes, busy and wait).
+
+    Raises (on every rank, naming the bad value):
+        ValueError: ranks that disagree on the global batch, the data set's size, the seed
+            or the model's parameter count; a bad plan file or dict.
+        PlanMismatchError: a plan for another world size, global batch or host order.
+        TypeError: a model that is not ``DistributedDataParallel`` with several ranks.
+
+    Example:
+        ```python
+        sampler = hvd_balance.torch.BalancedBatchSampler(dataset, global_batch_size=256)
+        loader = DataLoader(dataset, batch_sampler=sampler)
+        model = DDP(model)
+        balancer = hvd_balance.torch.LoadBalancer(model, sampler)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                optimizer.zero_grad()
+                balancer.scale(loss_fn(model(x), y)).backward()
+                optimizer.step()
+                balancer.step()
+        ```
+    """
+
+    def __init__(self, model: torch.nn.Module, sampler: BalancedBatchSampler, *, plan=None,
+                 rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
+                 save_plan: Optional[str] = None, verbose: int = 1, controller=None):
+        self.model, self.sampler = model, sampler
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        self.save_plan, self.verbose = save_plan, int(verbose)
+        self.history: List[Dict[str, Any]] = []
+        self.telemetry = StepTelemetry()
+        if plan is None and os.environ.get(PLAN_ENV):
+            plan = os.environ[PLAN_ENV]
+        if rebalance is None:
+            rebalance = "off" if plan is not None else "epoch"
+        if not (rebalance in ("epoch", "off") or (isinstance(rebalance, int)
+                                                   and not isinstance(rebalance, bool) and rebalance >= 1)):
+            raise ValueError(f"rebalance must be 'epoch', 'off' or a number of steps >= 1; "
+                             f"got {rebalance!r}")
+        self.rebalance = rebalance
+
+        def check_local():
+            if not isinstance(sampler, BalancedBatchSampler):
+                raise TypeError(f"sampler must be a hvd_balance.torch.BalancedBatchSampler; "
+                                f"got {type(sampler).__name__}")
+            if sampler.world_size != self.world_size or sampler.rank != self.rank:
+                raise ValueError(f"the sampler is for rank {sampler.rank} of {sampler.world_size}, "
+                                 f"this process is rank {self.rank} of {self.world_size}")
+            ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+            if self.world_size > 1 and not ddp:
+                raise TypeError("with several ranks the model must be wrapped in "
+                                "torch.nn.parallel.DistributedDataParallel; got "
+                                f"{type(model).__name__}")
+        distributed.all_ok(check_local, "hvd_balance.torch.LoadBalancer")
+        params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        distributed.check_consistent(
+            "hvd_balance.torch.LoadBalancer", global_batch_size=sampler.global_batch_size,
+            num_samples=sampler.num_samples, seed=sampler.seed, trainable_parameters=params)
+
+        self._hooked = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        if self._hooked:
+            model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
+        where = distributed.allgather_object(
+            (distributed.hostname(), describe_device(_model_device(model))))
+        hosts = tuple(h for h, _ in where)
+        devices = tuple(d for _, d in where)
+        if plan is not None:
+            start = distributed.all_ok(
+                lambda: _load_plan(plan).check(self.world_size, sampler.global_batch_size,
+                                               hosts=hosts), "hvd_balance.torch.given_plan")
+            if not start.hosts:
+                start = Plan.from_dict({**start.to_dict(), "hosts": list(hosts),
+                                        "devices": list(devices)})
+        else:
+            start = Plan.from_dict({**Plan.uniform(sampler.global_batch_size,
+                                                   self.world_size).to_dict(),
+                                    "hosts": list(hosts), "devices": list(devices)})
+        self._given = plan is not None
+        self._controller = None
+        self._threshold = float(threshold)
+        self._controller_arg = controller
+        if self.rank == 0 and self.rebalance != "off":
+            self._controller = controller if controller is not None else self._make_controller()
+        sampler.set_plan(start, step=sampler.steps)  # before any step: the next pass uses it
+        self._iterations_seen = sampler.iterations
+        self._step = 0          # the step of the current pass about to run (or running)
+        self._since_window = 0  # steps since the last window
+        self._first_window_done = self._given
+        self._scaled = False
+        self._pending_apply: Optional[int] = None  # a decided plan's first step, not reached yet
+        self._save(start)
+        self._report(start, "start")
+
+    def _make_controller(self):
+        return Controller(threshold=self._threshold)
+
+    # -- the training loop's calls -----------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        return self.sampler.plan_at(self._current_step())
+
+    def _current_step(self) -> int:
+        if self.sampler.iterations != self._iterations_seen:
+            return 0  # a new pass has begun since the last step()
+        return self._step
+
+    @property
+    def weight(self) -> float:
+        """This rank's loss weight at the current step, ``b_i / B``."""
+        plan = self.plan
+        return plan.batch_sizes[self.rank] / plan.global_batch_size
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` (this rank's mean loss over its local batch) times ``b_i / B``: its share
+        of the mean loss over the global batch. The hook sums the ranks' gradients."""
+        self._scaled = True
+        return loss * self.weight
+
+    def step(self) -> None:
+        """Call once a step, after ``optimizer.step()``: closes the step's timing and, at a
+        window's end, gathers the telemetry and applies the decided plan (a collective: every
+        rank calls it at the same step)."""
+        self.telemetry.end_step()
+        if self._hooked and not self._scaled:
+            raise RuntimeError(
+                f"rank {self.rank}: LoadBalancer.step() without LoadBalancer.scale(loss) in this "
+                "step: the hook sums the ranks' gradients, so each rank's loss must be scaled "
+                "by its share b_i / B (loss = balancer.scale(loss))")
+        self._scaled = False
+        if self.sampler.iterations != self._iterations_seen:
+            self._iterations_seen = self.sampler.iterations
+            self._step = 0
+        finished = self._step
+        self._step += 1
+        self._since_window += 1
+        if self._pending_apply is not None and self._step == self._pending_apply:
+            self.telemetry.reset()  # the window starts with the new plan's first step
+            self._since_window = 0
+            self._pending_apply = None
+        if self.rebalance == "off":
+            return
+        epoch_end = self._step >= self.sampler.steps
+        if not self._first_window_done:
+            due = self._since_window >= FIRST_STEPS or epoch_end
+        elif self.rebalance == "epoch":
+            due = epoch_end
+        else:
+            due = self._since_window >= int(self.rebalance) or epoch_end
+        if due and self._pending_apply is None:
+            self._window(finished, epoch_end)
+
+    # -- windows ---------------------------------------------------------------------------
+    def _window(self, finished: int, epoch_end: bool) -> None:
+        reading = self.telemetry.read()
+        busy, noise = robust_busy(reading["busy_samples"])
+        counted = reading["busy_steps"]
+        step_s = (reading["busy_s"] + reading["wait_s"]) / counted if counted else None
+        mine = {"busy_s": busy, "noise": noise, "step_s": step_s,
+                "wait_s": reading["wait_s"] / counted if counted else None,
+                "laid_out": self.sampler.laid_out, "steps": counted}
+        try:
+            gathered = distributed.allgather_object(mine)
+        except RuntimeError as err:
+            raise RuntimeError(f"rank {self.rank}: the LoadBalancer's gather after step "
+                               f"{finished} of epoch {self.sampler.epoch} failed (another rank "
+                               f"died or stopped?): {err}") from err
+        plan_now = self.sampler.plan_at(finished)
+        first = not self._first_window_done
+        self._first_window_done = True
+        # A plan applies at the next step no rank has handed out yet (workers load ahead).
+        apply = self.sampler.steps if epoch_end else max(
+            [finished + 1] + [g["laid_out"] for g in gathered])
+        if apply >= self.sampler.steps:
+            apply = self.sampler.steps
+
+        def decide():
+            if any(g["busy_s"] is None for g in gathered):
+                return None  # a rank without a counted step: nothing to decide on
+            window = Window(batch_sizes=tuple(plan_now.batch_sizes),
+                            busy_s=tuple(float(g["busy_s"]) for g in gathered),
+                            noise=tuple(g["noise"] for g in gathered),
+                            step_s=None if first else max(float(g["step_s"]) for g in gathered))
+            decision, self._controller = self._controller.next(plan_now, window)
+            return {"plan": decision.plan.to_dict(), "decision": decision.decision,
+                    "predicted_s": decision.predicted_s, "measured_s": decision.measured_s}
+        outcome = distributed.agree(decide, "hvd_balance.torch.LoadBalancer decision")
+        record = {"epoch": self.sampler.epoch, "step": finished, "apply_step": apply,
+                  "batch_sizes": list(plan_now.batch_sizes),
+                  "busy_s": [g["busy_s"] for g in gathered],
+                  "wait_s": [g["wait_s"] for g in gathered],
+                  "step_s": [g["step_s"] for g in gathered],
+                  "decision": None if outcome is None else outcome["decision"],
+                  "predicted_s": None if outcome is None else outcome["predicted_s"]}
+        self.history.append(record)
+        self._since_window = 0
+        if outcome is not None:
+            new = Plan.from_dict(outcome["plan"])
+            if new.batch_sizes != plan_now.batch_sizes or outcome["decision"] != "kept":
+                self.sampler.set_plan(new, step=apply)
+                if apply < self.sampler.steps:
+                    self._pending_apply = apply if apply > self._step else None
+                self._save(new)
+                self._report(new, outcome["decision"])
+        self.telemetry.pause()  # this window's gather is no step's busy time
+
+    def _save(self, plan: Plan) -> None:
+        if self.save_plan and self.rank == 0:
+            plan.save(self.save_plan)
+
+    def _report(self, plan: Plan, why: str) -> None:
+        if self.verbose and self.rank == 0:
+            print(f"hvd_balance plan ({why}):\n{plan.table()}", flush=True)

@@ -1,0 +1,315 @@
+"""The GPU check: one GPU rank beside CPU ranks in one Gloo group, exactness and epoch times.
+
+Run by scripts/device_check.sh on a machine with one NVIDIA GPU (torch, numpy, pyyaml; no
+TensorFlow, no network, no install: ``PYTHONPATH`` is the repository), or here with
+``--cpu-only`` (rank 0 on CPU too) and ``--tiny`` sizes. Four processes are started with
+``torch.multiprocessing`` (rank 0 on the GPU, ranks 1-3 on CPU cores, the cores split
+between them with ``torch.set_num_threads``), one Gloo group, a small ResNet-style CNN with
+hvd_balance's SyncBatchNorm on synthetic 32x32 images:
+
+(a) exactness: a few SGD steps under a plan with a 1-sample rank, each rank's loss weighted
+    by ``b_i / B`` and the DDP hook summing (GPU buckets staged through host memory), against
+    one process on the global batch in float64 on CPU; TF32 off. Largest difference <= 1e-4.
+(b) epoch times: the GPU alone on the global batch; GPU + CPUs with equal batches; the paper's
+    rule (batches proportional to each rank's measured samples/s); the LoadBalancer (equal
+    start, re-planning every few steps); with the plans.
+
+Writes ``device_check.json`` and ``device_check.md`` into the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import hvd_balance.torch as hb  # noqa: E402
+from hvd_balance.core.plan import Plan  # noqa: E402
+from hvd_balance.core.planner import plan_batches  # noqa: E402
+
+WORLD = 4
+EXACT_TOLERANCE = 1e-4
+GROUP_TIMEOUT_S = 240  # a collective waits this long for a stuck rank before failing
+
+
+class Block(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.b1 = nn.BatchNorm2d(cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.b2 = nn.BatchNorm2d(cout)
+        self.skip = (nn.Sequential() if stride == 1 and cin == cout else
+                     nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+    def forward(self, x):
+        return F.relu(self.b2(self.c2(F.relu(self.b1(self.c1(x))))) + self.skip(x))
+
+
+def resnet(width: int) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                         Block(width, width, 1), Block(width, 2 * width, 2),
+                         Block(2 * width, 2 * width, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(2 * width, 10))
+
+
+def make_data(n: int):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, 32, 32, generator=g)
+    y = (x[:, 0].mean((1, 2)) * 7).long().remainder(10)
+    return TensorDataset(x, y)
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def phase_exact(rank, device, cfg):
+    """(a): largest parameter/buffer difference after each step, against float64 on CPU."""
+    sizes = cfg["exact_sizes"]
+    B = sum(sizes)
+    data = make_data(B * 3)
+    torch.manual_seed(0)
+    reference = resnet(cfg["width"]).double()
+    model = hb.convert_sync_batchnorm(resnet(cfg["width"])).to(device)
+    model.load_state_dict({k: v.float() for k, v in reference.state_dict().items()})
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
+    sampler = hb.BalancedBatchSampler(data, global_batch_size=B, seed=1)
+    balancer = hb.LoadBalancer(ddp, sampler, plan=Plan.from_batch_sizes(sizes), verbose=0)
+    diffs = []
+    for step, (x, y) in enumerate(DataLoader(data, batch_sampler=sampler)):
+        if step == 3:
+            break
+        opt.zero_grad()
+        balancer.scale(F.cross_entropy(ddp(x.to(device)), y.to(device))).backward()
+        opt.step()
+        balancer.step()
+        index = sampler.order(0)[step * B:(step + 1) * B]
+        ref_opt.zero_grad()
+        F.cross_entropy(reference(data.tensors[0][index].double()), data.tensors[1][index]).backward()
+        ref_opt.step()
+        ref = reference.state_dict()
+        diffs.append(max(float((v.detach().cpu().double() - ref[k]).abs().max())
+                         for k, v in model.state_dict().items()))
+    return {"sizes": sizes, "diffs": diffs, "max_diff": max(diffs),
+            "exact": max(diffs) <= EXACT_TOLERANCE}
+
+
+def measure_rate(device, cfg, batch):
+    """This rank's samples/s on its own (no collectives) at ``batch`` samples."""
+    torch.manual_seed(0)
+    model = resnet(cfg["width"]).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.zeros(batch, dtype=torch.long, device=device)
+    times = []
+    for i in range(cfg["rate_repeats"] + 2):
+        sync(device)
+        t = time.perf_counter()
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        sync(device)
+        if i >= 2:  # two warm-up steps (cuDNN's algorithm search, allocations)
+            times.append(time.perf_counter() - t)
+    times.sort()
+    return batch / times[len(times) // 2]
+
+
+def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False):
+    """Epoch wall seconds (between barriers, as rank 0 sees them) and the plans used."""
+    data = make_data(cfg["steps"] * cfg["global_batch"])
+    torch.manual_seed(0)
+    model = resnet(cfg["width"])
+    if not alone:
+        model = hb.convert_sync_batchnorm(model)
+    model = model.to(device)
+    if alone:
+        loader = DataLoader(data, batch_size=cfg["global_batch"], shuffle=True, drop_last=True)
+        step_model, balancer = model, None
+    else:
+        step_model = DDP(model)
+        sampler = hb.BalancedBatchSampler(data, global_batch_size=cfg["global_batch"], seed=0)
+        balancer = hb.LoadBalancer(step_model, sampler, plan=plan, rebalance=rebalance,
+                                   verbose=0)
+        loader = DataLoader(data, batch_sampler=sampler)
+    opt = torch.optim.SGD(step_model.parameters(), lr=0.05, momentum=0.9)
+    epoch_s, plans = [], []
+    for epoch in range(epochs):
+        if balancer is not None:
+            sampler.set_epoch(epoch)
+            plans.append(list(balancer.plan.batch_sizes))
+        if not alone:
+            dist.barrier()
+        start = time.perf_counter()
+        for x, y in loader:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            opt.zero_grad()
+            loss = F.cross_entropy(step_model(x), y)
+            (balancer.scale(loss) if balancer else loss).backward()
+            opt.step()
+            if balancer:
+                balancer.step()
+        sync(device)
+        if not alone:
+            dist.barrier()
+        epoch_s.append(time.perf_counter() - start)
+    out = {"epoch_s": epoch_s, "plans": plans}
+    if balancer is not None:
+        out["final_plan"] = list(balancer.plan.batch_sizes)
+        out["history"] = [{k: h[k] for k in ("epoch", "step", "batch_sizes", "busy_s", "decision")}
+                          for h in balancer.history]
+    return out
+
+
+def worker(rank, cfg, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(cfg["port"]))
+    gpu = cfg["gpu"] and rank == 0
+    device = torch.device("cuda:0") if gpu else torch.device("cpu")
+    torch.set_num_threads(cfg["gpu_threads"] if gpu else cfg["cpu_threads"])
+    if gpu:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    results = {"config": cfg, "devices": hb.load_balancer.describe_device(device)}
+    results["devices"] = [None] * WORLD
+    dist.all_gather_object(results["devices"], hb.load_balancer.describe_device(device))
+
+    def phase(name, fn):
+        start = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception as err:  # noqa: BLE001 - recorded, and the next phase still runs
+            results[name] = {"error": f"{type(err).__name__}: {err}",
+                             "traceback": traceback.format_exc()[-3000:]}
+        results[name]["phase_s"] = time.perf_counter() - start
+        if rank == 0:
+            print(f"[device_check] {name}: {json.dumps(results[name])[:600]}", flush=True)
+
+    phase("exact", lambda: phase_exact(rank, device, cfg))
+    B = cfg["global_batch"]
+    equal = Plan.uniform(B, WORLD)
+
+    def gpu_alone():
+        if rank == 0:
+            r = train(rank, device, cfg, epochs=cfg["epochs"], alone=True)
+        else:
+            r = {"epoch_s": []}
+        dist.barrier()
+        return r
+    phase("gpu_alone", gpu_alone)
+    phase("equal", lambda: train(rank, device, cfg, plan=equal, epochs=cfg["epochs"]))
+
+    def paper():
+        rate = measure_rate(device, cfg, equal.batch_sizes[rank])
+        rates = [None] * WORLD
+        dist.all_gather_object(rates, rate)
+        plan = plan_batches(rates, B, method="proportional")
+        r = train(rank, device, cfg, plan=plan, epochs=cfg["epochs"])
+        r["samples_per_s"] = rates
+        return r
+    phase("paper", paper)
+    phase("load_balancer", lambda: train(rank, device, cfg, epochs=cfg["balancer_epochs"],
+                                         rebalance=cfg["rebalance_steps"]))
+    if rank == 0:
+        write(results, out_dir)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _mean_tail(values, n):
+    tail = values[-n:] if values else []
+    return sum(tail) / len(tail) if tail else None
+
+
+def write(results, out_dir: Path):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
+    cfg = results["config"]
+    lines = [f"# Device check ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
+             f"Ranks: {', '.join(f'{i}: {d}' for i, d in enumerate(results['devices']))}; "
+             f"torch {torch.__version__}; global batch "
+             f"{cfg['global_batch']}, {cfg['steps']} steps an epoch, ResNet-style CNN width "
+             f"{cfg['width']}, 32x32 synthetic images, Gloo.", ""]
+    ex = results["exact"]
+    if "error" in ex:
+        lines.append(f"(a) exactness: ERROR {ex['error']}")
+    else:
+        lines.append(f"(a) weighted update vs one process (float64, CPU) on the global batch, plan "
+                     f"{ex['sizes']}: largest difference per step {', '.join(f'{d:.2e}' for d in ex['diffs'])}"
+                     f" -> {'PASS' if ex['exact'] else 'FAIL'} (tolerance {EXACT_TOLERANCE:g}, TF32 off)")
+    lines += ["", "| strategy | epoch s (mean of measured) | epochs | plan (local batches) |",
+              "|---|---|---|---|"]
+    rows = [("GPU alone", "gpu_alone", 1), ("GPU + 3 CPUs, equal", "equal", 1),
+            ("GPU + 3 CPUs, paper's rule", "paper", 1),
+            ("GPU + 3 CPUs, LoadBalancer (last epoch)", "load_balancer", 1)]
+    for label, key, _ in rows:
+        r = results.get(key, {})
+        if "error" in r:
+            lines.append(f"| {label} | ERROR: {r['error'][:120]} | | |")
+            continue
+        epochs = r.get("epoch_s", [])
+        shown = epochs[-1:] if key == "load_balancer" else epochs
+        mean = _mean_tail(shown, len(shown))
+        plan = r.get("final_plan") or (r.get("plans") or [[cfg["global_batch"]]])[-1]
+        lines.append(f"| {label} | {'-' if mean is None else f'{mean:.2f}'} | "
+                     f"{', '.join(f'{e:.2f}' for e in epochs)} | {plan} |")
+    if "samples_per_s" in results.get("paper", {}):
+        lines += ["", "Measured samples/s per rank (paper's rule): " +
+                  ", ".join(f"{r:.0f}" for r in results["paper"]["samples_per_s"])]
+    (out_dir / "device_check.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", nargs="?", default="results", help="output folder (default: results/)")
+    p.add_argument("--cpu-only", action="store_true", help="rank 0 on CPU too (automatic without CUDA)")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes: a one-minute run on a laptop")
+    args = p.parse_args(argv)
+    gpu = torch.cuda.is_available() and not args.cpu_only
+    cores = os.cpu_count() or 4
+    gpu_threads = 2 if gpu else max(1, cores // WORLD)
+    cpu_threads = max(1, (cores - gpu_threads) // (WORLD - 1))
+    cfg = {"gpu": gpu, "cores": cores, "gpu_threads": gpu_threads, "cpu_threads": cpu_threads,
+           "port": free_port(), "exact_sizes": [20, 1, 5, 6], "width": 16,
+           "global_batch": 256, "steps": 24, "epochs": 2, "balancer_epochs": 3,
+           "rebalance_steps": 8, "rate_repeats": 5}
+    if args.tiny:
+        cfg.update(exact_sizes=[5, 1, 3, 2], width=4, global_batch=32, steps=6, epochs=1,
+                   balancer_epochs=2, rebalance_steps=3, rate_repeats=2)
+    print(f"[device_check] {json.dumps(cfg)}", flush=True)
+    mp.spawn(worker, args=(cfg, Path(args.out)), nprocs=WORLD, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The torch edge's tests (marked ``torch``): one-process tests, and jobs of several ranks
+under torchrun through ``support.torchrun.run_torchrun`` (hard timeout, every rank killed
+after it). ``rank_scripts/`` holds the programs those jobs run (not collected)."""
+
+import pytest
+
+collect_ignore = ["rank_scripts"]
+
+torch = pytest.importorskip("torch", reason="the torch stack (HVD_BALANCE_STACK=torch)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "torch: the PyTorch edge (hvd_balance.torch); runs on "
+                                       "the torch stack: bash scripts/test.sh with HVD_BALANCE_STACK=torch")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/torch/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.torch)

@@ -1,0 +1,66 @@
+"""The weighted update on N ranks against one process on the global batch.
+
+Usage: torchrun --nproc-per-node N exact_update.py B0,B1,... [syncbn]
+Every rank trains STEPS steps under the given plan (LoadBalancer(plan=...), DDP with the sum
+hook, loss scaled by b_i / B), and in the same process a copy of the model trains on the
+whole global batch of each step; every rank emits the largest parameter (and batch norm
+running statistic) difference after each step.
+"""
+import copy
+import sys
+
+from _common import emit, finish, init
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+
+import hvd_balance.torch as hb
+
+STEPS = 3
+rank, size = init()
+sizes = [int(b) for b in sys.argv[1].split(",")]
+syncbn = "syncbn" in sys.argv[2:]
+B = sum(sizes)
+torch.manual_seed(0)
+x = torch.randn(STEPS * B + 3, 6)
+y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+dataset = TensorDataset(x, y)
+
+layers = [nn.Linear(6, 8)] + ([nn.BatchNorm1d(8)] if syncbn else []) + [nn.ReLU(), nn.Linear(8, 2)]
+reference = nn.Sequential(*layers)
+model = copy.deepcopy(reference)
+if syncbn:
+    model = hb.convert_sync_batchnorm(model)
+model = DDP(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9)
+loss_fn = nn.CrossEntropyLoss()
+
+sampler = hb.BalancedBatchSampler(dataset, global_batch_size=B, seed=3)
+balancer = hb.LoadBalancer(model, sampler, plan=hb.Plan.from_batch_sizes(sizes), verbose=0)
+loader = DataLoader(dataset, batch_sampler=sampler)
+
+
+def largest_difference():
+    pairs = list(zip(model.module.state_dict().values(), reference.state_dict().values()))
+    return max(float((a.double() - b.double()).abs().max()) for a, b in pairs)
+
+
+diffs, local = [], []
+for step, (xb, yb) in enumerate(loader):
+    if step == STEPS:
+        break
+    local.append(len(xb))
+    opt.zero_grad()
+    balancer.scale(loss_fn(model(xb), yb)).backward()
+    opt.step()
+    balancer.step()
+    index = sampler.order(0)[step * B:(step + 1) * B]
+    ref_opt.zero_grad()
+    loss_fn(reference(x[index]), y[index]).backward()
+    ref_opt.step()
+    diffs.append(largest_difference())
+emit({"rank": rank, "diffs": diffs, "local_batches": local})
+finish()

@@ -1,0 +1,62 @@
+"""Jobs of 2 and 3 ranks under torchrun (support.torchrun: hard timeout, ranks killed after)."""
+
+import time
+
+import pytest
+
+from support.torchrun import run_torchrun
+
+SCRIPTS = "tests/torch/rank_scripts/"
+
+
+@pytest.mark.parametrize("sizes, syncbn", [("7,1", False), ("5,1,10", False), ("7,1", True),
+                                           ("5,1,10", True)])
+def test_weighted_update_equals_one_process_on_the_global_batch(sizes, syncbn):
+    run = run_torchrun(SCRIPTS + "exact_update.py", nproc=len(sizes.split(",")), timeout=150,
+                       args=[sizes] + (["syncbn"] if syncbn else []))
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert sorted(results) == list(range(len(sizes.split(","))))
+    for rank, r in results.items():
+        assert max(r["diffs"]) < 1e-5, r
+        assert set(r["local_batches"]) == {int(sizes.split(",")[rank])}
+
+
+def test_a_rank_that_dies_ends_the_job_within_60_s_naming_it():
+    start = time.monotonic()
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["die"])
+    assert time.monotonic() - start < 60
+    assert run.returncode != 0
+    assert "rank      : 1 (local_rank: 1)" in run.stdout and "SIGKILL" in run.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bad_batch"], "global_batch_size differs across ranks: rank 0: 64, rank 1: 48"),
+    (["bad_world"], "it is for 3 ranks, the job has 2"),
+])
+def test_bad_input_fails_on_every_rank_naming_the_value(args, message):
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=args)
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    for r in results.values():
+        assert r["error"] and message in r["error"], r
+
+
+def test_a_bad_plan_file_fails_on_every_rank_naming_the_entry(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("format_version: 1\nworld_size: 2\nglobal_batch_size: 64\nranks:\n"
+                    "- {local_batch: 70}\n- {local_batch: -6}\n")
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["plan", path])
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    for r in results.values():
+        assert "ranks[1].local_batch must be an integer >= 1; got -6" in r["error"], r
+
+
+def test_load_balancer_moves_work_off_a_slowed_rank():
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=200, args=["slow", "3"])
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    assert results[0]["plans"] == results[1]["plans"]
+    final = results[0]["plans"][-1]
+    assert sum(final) == 64 and final[1] < 24, final  # 3x slower: about a quarter of 64
