@@ -485,6 +485,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._in_force(plan)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._stop_batch_end(batch):  # another rank stopped mid-epoch: no gather now
+            return
         self._cpu.execution_ended()
         if self._calibration_at is not None and batch + 1 >= self._calibration_at:
             try:  # every timed step of the window counts (the first step is never timed)
@@ -508,6 +510,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._cpu.resume()
 
     def on_epoch_end(self, epoch, logs=None):
+        self._stop_epoch_settle(epoch, logs)  # before the gather: a rank may have stopped mid-epoch
         self._pending.clear()
         self._calibration_at = None
         self.data.release()
