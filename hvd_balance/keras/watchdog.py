@@ -36,6 +36,13 @@ survivors' error is the same whatever happened, and ``horovodrun`` names the fir
   whose SIGTERM a blocked main thread never handles. A rank that exits normally says so
   over the channel first, so its peers stop watching it.
 
+* a :class:`~.stop_agreement.StopWatch` callback in every later ``fit`` whose optimizer
+  reduces over the ranks (``keras.Model.fit`` is wrapped to add it): a rank whose ``fit``
+  stops in the middle of an epoch (``TerminateOnNaN``) while its process lives on tells the
+  others through :mod:`.stop_notice` and joins, and every rank leaves ``fit`` after its step,
+  printing who stopped, where and why (:mod:`.stop_agreement`); a failed collective's message
+  names such a rank too.
+
 The peers' status files are found in the job directory, on this host: a peer on another
 host can be checked only when the directory is shared (``HVD_BALANCE_WATCHDOG_DIR`` on a
 file system every host mounts); otherwise a local peer is checked by its pid, a remote one is
