@@ -3,11 +3,14 @@ and with hvd_balance's (weighted, with and without its step telemetry).
 
     python scripts/telemetry_cost.py --reps 5                       # weighted+telemetry vs plain
     python scripts/telemetry_cost.py --variants telemetry,weighted  # telemetry on vs off
+    python scripts/telemetry_cost.py --variants telemetry,watched   # + the watchdog's StopWatch
 
 Variants: ``plain`` is Horovod's unweighted average (on Keras 3, where Horovod's own never
 reduces, the same optimizer subclass with a plain ``grouped_allreduce(op=Average)``);
 ``weighted`` is ``hvd_balance.DistributedOptimizer(telemetry=False)``; ``telemetry`` is
-``hvd_balance.DistributedOptimizer()`` as users get it. They run interleaved (A B A B ...), and
+``hvd_balance.DistributedOptimizer()`` as users get it; ``watched`` is ``telemetry`` with the
+stop agreement's board open and the :class:`~hvd_balance.keras.stop_agreement.StopWatch`
+callback that ``watchdog.install()`` adds to every fit. They run interleaved (A B A B ...), and
 the script prints the median seconds per step of each over epochs 2.. and each one's cost
 against the first variant.
 """
@@ -25,6 +28,7 @@ OPTIMIZERS = {
     "plain": lambda sgd: compat.horovod_optimizer(sgd),
     "weighted": lambda sgd: hvd_balance.DistributedOptimizer(sgd, telemetry=False),
     "telemetry": lambda sgd: hvd_balance.DistributedOptimizer(sgd),
+    "watched": lambda sgd: hvd_balance.DistributedOptimizer(sgd),
 }
 
 
@@ -44,7 +48,12 @@ def epoch_seconds(variant: str, x, y, epochs: int) -> list:
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.start)
 
-    model.fit(x, y, batch_size=64, epochs=epochs, verbose=0, shuffle=False, callbacks=[Clock()])
+    extra = []
+    if variant == "watched":
+        from hvd_balance.keras import stop_agreement, stop_notice
+        stop_notice.open_board()
+        extra = [stop_agreement.StopWatch()]
+    model.fit(x, y, batch_size=64, epochs=epochs, verbose=0, shuffle=False, callbacks=[Clock(), *extra])
     return times[1:]
 
 

@@ -61,6 +61,7 @@ class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callb
         self._stop_epoch_begin(epoch)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._stop_epoch_settle(epoch, logs)
         self._stop_epoch_end(epoch)
 
     def on_train_end(self, logs=None):

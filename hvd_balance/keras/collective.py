@@ -52,7 +52,13 @@ def allgather_object(value: Any, name: str) -> List[Any]:
     hvd = _hvd()
     if hvd is None or hvd.size() == 1:
         return [value]
-    return list(hvd.allgather_object(value, name=name))
+    try:
+        return list(hvd.allgather_object(value, name=name))
+    except Exception as err:  # noqa: BLE001 - re-raised, named when a rank joined
+        named = _joined(err, name)
+        if named is err:
+            raise
+        raise named from err
 
 
 def broadcast_object(value: Any, name: str, root_rank: int = 0) -> Any:
@@ -60,7 +66,55 @@ def broadcast_object(value: Any, name: str, root_rank: int = 0) -> Any:
     hvd = _hvd()
     if hvd is None or hvd.size() == 1:
         return value
-    return hvd.broadcast_object(value, root_rank=root_rank, name=name)
+    try:
+        return hvd.broadcast_object(value, root_rank=root_rank, name=name)
+    except Exception as err:  # noqa: BLE001 - re-raised, named when a rank joined
+        named = _joined(err, name)
+        if named is err:
+            raise
+        raise named from err
+
+
+def _joined(err: Exception, name: str) -> Exception:
+    """``err`` as it is, or, when it is Horovod's refusal of a gather while some rank waits in
+    ``join`` (it stopped training mid-epoch), a :class:`RankError` saying which rank and why."""
+    if "not supported with Join" not in str(err):
+        return err
+    from . import stop_notice  # here: stop_notice itself gathers through this module
+
+    board = stop_notice.board()
+    notes = sorted((board.notes if board is not None else {}).items())
+    what = "; ".join(f"rank {k} stopped in the middle of epoch {n.get('epoch')}, after batch "
+                     f"{n.get('batch')} ({n.get('why')})" for k, n in notes) or "its note did not come"
+    return RankError(f"{name}: a rank stopped training in the middle of an epoch and waits in "
+                     f"hvd.join(), which completes allreduces only ({what}); stop every rank at "
+                     "once instead")
+
+
+def allreduce_sum(values: List[float], name: str) -> List[float]:
+    """The element-wise sum of every rank's ``values`` (floats, the same length on every rank).
+
+    Unlike the gathers, it also completes while some rank waits in :func:`join`: that rank
+    adds zeros.
+    """
+    hvd = _hvd()
+    if hvd is None or hvd.size() == 1:
+        return [float(v) for v in values]
+    import numpy as np
+    import tensorflow as tf
+
+    total = hvd.allreduce(tf.constant(np.asarray(values, dtype=np.float64)), op=hvd.Sum, name=name)
+    return [float(v) for v in total.numpy()]
+
+
+def join() -> int:
+    """Horovod's ``join``: wait until every rank has joined, adding zeros meanwhile to the
+    allreduces the others run (their gathers and broadcasts fail). Returns the last rank to
+    join."""
+    hvd = _hvd()
+    if hvd is None or hvd.size() == 1:
+        return 0
+    return int(hvd.join())
 
 
 def agree(fn: Callable[[], T], name: str) -> T:

@@ -365,6 +365,54 @@ def steps_per_execution(model) -> int:
     return int(value.numpy()) if hasattr(value, "numpy") else int(value)
 
 
+def optimizer_steps(model) -> Optional[int]:
+    """The steps the model's optimizer has applied (its ``iterations``), or None without one."""
+    iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
+    try:
+        return int(np.asarray(iterations.numpy() if hasattr(iterations, "numpy") else iterations))
+    except (TypeError, ValueError):
+        return None
+
+
+def is_distributed_optimizer(optimizer) -> bool:
+    """Whether ``optimizer`` reduces its gradients over the ranks: hvd_balance's subclass
+    (Keras 3), or Horovod's wrapper (Keras 2: its private ``_allreduce_grads``), also inside a
+    loss-scale wrapper."""
+    for opt in (optimizer, inner_optimizer(optimizer)):
+        if opt is not None and (getattr(type(opt), "_hvd_balance_reduces", False)
+                                or hasattr(opt, "_allreduce_grads")):
+            return True
+    return False
+
+
+def add_callback_to_every_fit(make_callback: Callable[[], object]) -> None:
+    """From now on every ``keras.Model.fit`` gets ``make_callback()`` after its own callbacks
+    (once per process; a fit handed a ``CallbackList`` is left as it is). Keras has no hook
+    for a library to watch every fit, so ``fit`` itself is wrapped, on the base class."""
+    import functools
+
+    fit = keras.Model.fit
+    if getattr(fit, "_hvd_balance_callback", None) is not None:
+        return
+    callback_list = getattr(keras.callbacks, "CallbackList", ())
+    position = 5  # fit(x, y, batch_size, epochs, verbose, callbacks, ...) on every Keras
+
+    @functools.wraps(fit)
+    def fit_with_callback(self, *args, **kwargs):
+        args = list(args)
+        given = args[position] if len(args) > position else kwargs.get("callbacks")
+        if not isinstance(given, callback_list):
+            given = [*(given or []), make_callback()]
+            if len(args) > position:
+                args[position] = given
+            else:
+                kwargs["callbacks"] = given
+        return fit(self, *args, **kwargs)
+
+    fit_with_callback._hvd_balance_callback = make_callback
+    keras.Model.fit = fit_with_callback
+
+
 def is_compiled(model) -> bool:
     """Whether ``model.compile`` ran: Keras 3's public ``compiled``, Keras 2's ``_is_compiled``."""
     return bool(getattr(model, "compiled", False) if KERAS3 else getattr(model, "_is_compiled", False))

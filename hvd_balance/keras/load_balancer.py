@@ -220,6 +220,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._in_force(plan)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self._stop_batch_end(batch):  # another rank stopped mid-epoch: no gather now
+            return
         if self._first_at is not None and batch + 1 >= self._first_at:
             try:  # every timed step of the window counts (the first step is never timed)
                 self._replan(self._gather_window(), self._first_at, first_steps=True)
@@ -231,6 +233,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             self._replan(self._gather_window(), batch + 1 + k)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._stop_epoch_settle(epoch, logs)  # before the gather: a rank may have stopped mid-epoch
         self._pending.clear()
         self._first_at = None
         self.data.release()

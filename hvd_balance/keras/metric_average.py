@@ -86,6 +86,7 @@ class WeightedMetricAverage(StopAgreementMixin, tf.keras.callbacks.Callback):
                      if self.validation_data is not None else None)
 
     def on_epoch_end(self, epoch, logs=None):
+        self._stop_epoch_settle(epoch, logs)  # before the allreduce: a rank may have stopped
         if logs is not None:
             self._average(logs)
         self._stop_epoch_end(epoch)

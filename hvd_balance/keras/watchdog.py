@@ -36,6 +36,13 @@ survivors' error is the same whatever happened, and ``horovodrun`` names the fir
   whose SIGTERM a blocked main thread never handles. A rank that exits normally says so
   over the channel first, so its peers stop watching it.
 
+* a :class:`~.stop_agreement.StopWatch` callback in every later ``fit`` whose optimizer
+  reduces over the ranks (``keras.Model.fit`` is wrapped to add it): a rank whose ``fit``
+  stops in the middle of an epoch (``TerminateOnNaN``) while its process lives on tells the
+  others through :mod:`.stop_notice` and joins, and every rank leaves ``fit`` after its step,
+  printing who stopped, where and why (:mod:`.stop_agreement`); a failed collective's message
+  names such a rank too.
+
 The peers' status files are found in the job directory, on this host: a peer on another
 host can be checked only when the directory is shared (``HVD_BALANCE_WATCHDOG_DIR`` on a
 file system every host mounts); otherwise a local peer is checked by its pid, a remote one is
@@ -61,7 +68,7 @@ import traceback
 import uuid
 from typing import Dict, List, Optional, Tuple
 
-from . import collective
+from . import collective, stop_notice
 
 DIR_ENV = "HVD_BALANCE_WATCHDOG_DIR"
 EXIT_FAILED = 1
@@ -113,6 +120,12 @@ def install(directory: Optional[str] = None, interval_s: float = 0.5, grace_s: f
             dog = _Watchdog(directory, interval_s, grace_s, term_grace_s, lost_s)
             dog.start(handle_sigterm)
             _installed = dog
+            if dog.size > 1:  # a rank that stops mid-epoch tells the others (stop_agreement)
+                from . import compat
+                from .stop_agreement import StopWatch
+
+                stop_notice.open_board()
+                compat.add_callback_to_every_fit(StopWatch)
         return _installed
 
 
@@ -153,22 +166,6 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _own_addresses() -> List[str]:
-    """This host's IPv4 addresses, loopback last: a peer on another host sends its heartbeat
-    to each, since which one reaches this host depends on the network between them."""
-    try:
-        import psutil  # Horovod's own dependency
-
-        found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                 if a.family == socket.AF_INET]
-    except Exception:  # noqa: BLE001 - no psutil, or no interfaces to read: the host name
-        try:
-            found = socket.gethostbyname_ex(socket.gethostname())[2]
-        except OSError:
-            found = []
-    return sorted(set(found), key=lambda a: (a.startswith("127."), a))
-
-
 class _Channel:
     """The watchdog's heartbeat over the network: a UDP socket on every rank; each rank sends
     its status record to every peer on another host and keeps the latest record heard from
@@ -180,7 +177,7 @@ class _Channel:
         self.sock.bind(("0.0.0.0", 0))
         self.sock.settimeout(0.5)
         self.port = self.sock.getsockname()[1]
-        self.addresses = _own_addresses()
+        self.addresses = stop_notice.own_addresses()
         self.targets: List[Tuple[str, int]] = []
         self.heard: Dict[int, Tuple[Dict, float]] = {}  # rank -> (record, monotonic time)
         self.started = time.monotonic()
@@ -388,6 +385,13 @@ class _Watchdog:
         failed.sort()
         return [(k, what) for _, k, what in failed] or gone, unknown
 
+    def stopped_training(self) -> List[str]:
+        """Peers that said they stopped training in the middle of an epoch (their notes)."""
+        board = stop_notice.board()
+        notes = sorted((board.notes if board is not None else {}).items())
+        return [f"rank {k} stopped training in the middle of epoch {n.get('epoch')}, after batch "
+                f"{n.get('batch')} ({n.get('why')}), and waits in hvd.join()" for k, n in notes]
+
     def _silent_s(self, rank: int, record: Dict, now: float) -> Optional[float]:
         """Seconds peer ``rank`` has been silent if that is more than ``stale_s``, else None.
 
@@ -410,11 +414,12 @@ class _Watchdog:
         deadline = time.monotonic() + wait_s
         while True:
             found, unknown = self.culprits()
-            if found or time.monotonic() >= deadline:
+            if found or self.stopped_training() or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
-        if found:
-            return "; ".join(f"rank {k} {what}" for k, what in found)
+        stopped = self.stopped_training()
+        if found or stopped:
+            return "; ".join([f"rank {k} {what}" for k, what in found] + stopped)
         text = "no other rank was found failed, dead or silent"
         if unknown:
             text += (f" (ranks {unknown} on other hosts cannot be checked from here: set "

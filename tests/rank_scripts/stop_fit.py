@@ -1,11 +1,20 @@
-"""Rank 1 alone asks to stop after its 3rd epoch; where the asking callback sits decides how.
+"""Rank 1 alone asks to stop; where the asking callback sits, and when it asks, decides how.
 
 Usage: horovodrun -np 2 python stop_fit.py {before,after}
   before: the stopping callback comes before hvd_balance's: every rank stops after epoch 3.
   after:  it comes after them: every rank raises StopMismatchError naming rank 1, at once.
 Emits per rank: {"rank", "epochs_run", "error"}.
+
+Usage: horovodrun -np 2 python stop_fit.py mid {callbacks,balancer,watchdog} {callback,nan}
+  rank 1 stops in the middle of epoch 0, after batch 5 (of 20): its own callback sets
+  stop_training (callback), or its loss turns NaN there and TerminateOnNaN stops it (nan);
+  with hvd_balance's broadcast and metric callbacks, LoadBalancer alone, or the watchdog
+  alone. Every rank's fit returns; then each rank (alive) emits {"rank", "epochs_run",
+  "batches_run", "error", "stop" (stop_agreement.last_mid_epoch_stop), "stopped_at" (rank 1:
+  when it stopped), "fit_returned_at" (time.time())}.
 """
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -16,6 +25,8 @@ from _result import emit
 
 hvd.init()
 where = sys.argv[1]
+if where == "mid":
+    import mid_epoch_stop  # noqa: F401 - runs the mid-epoch case and exits
 
 
 class StopOnRankOne(tf.keras.callbacks.Callback):
