@@ -87,25 +87,22 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
         self.validation_data = validation_data
         self.rebalance_given, self.rebalance = rebalance, rebalance or "epoch"  # None: likewise
-        self.method = method
-        self.max_batch_size = max_batch_size
-        self.min_batch_size = min_batch_size
+        self.method, self.max_batch_size, self.min_batch_size = method, max_batch_size, min_batch_size
         self.benchmark_batches = benchmark_batches
         self.repeats = BENCHMARK_REPEATS if repeats is None else repeats
         self._benchmark_options = benchmark_batches is not None or repeats is not None
         self.threshold, self.save_plan, self.verbose = threshold, save_plan, verbose
         self.plan: Optional[Plan] = None
-        self.history: List[dict] = []
+        self.history: List[dict] = []  # one dict per window, the same on every rank
 
     def on_train_begin(self, logs=None):
         self._stop_join()
         compat.check_not_jit_compiled(self.model, "LoadBalancer")
         compat.check_loss_scaling(self.model, "LoadBalancer")
-        data = self.data
+        data, optimizer = self.data, self.model.optimizer
         self.history, self._pending, self.plan = [], {}, None
         self._epoch = data.epoch
         spe = compat.steps_per_execution(self.model)
-        optimizer = self.model.optimizer
         if self.benchmark_given is None:
             self.benchmark = self.given_plan is None and options.default_benchmark(
                 optimizer, len(data), self.rebalance_given, self.max_batch_size,
