@@ -5,11 +5,12 @@
 
 This is the shape of Horovod's ``examples/tensorflow2/tensorflow2_keras_mnist.py``; the lines
 marked ``# hvd_balance:`` are what balancing changes. With ``--no-balance`` it is Horovod's
-example as written (equal batches from a repeated, shuffled ``tf.data`` pipeline) with only
-the import line changed. The data is scikit-learn's digits padded to MNIST's 28x28, so
-nothing is downloaded; ``--samples`` repeats them to a larger epoch. Rank 0 prints the plan
-(the local batch of each rank), each epoch's loss and accuracy, and whether every rank ended
-with the same weights; ``--json FILE`` also writes them. Checkpoints go to ``--checkpoint-dir``.
+example as written (equal batches from a repeated, shuffled ``tf.data`` pipeline), but for
+the import line, the device pinning and checkpoints saved as ``.keras`` (Keras 3's format).
+The data is scikit-learn's digits padded to MNIST's 28x28, so nothing is downloaded;
+``--samples`` repeats them to a larger epoch. Rank 0 prints the plan (the local batch of each
+rank), each epoch's loss and accuracy, and whether every rank ended with the same weights;
+``--json FILE`` also writes them. Checkpoints go to ``--checkpoint-dir``.
 """
 import argparse
 import hashlib
