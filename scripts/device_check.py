@@ -12,7 +12,8 @@ hvd_balance's SyncBatchNorm on synthetic 32x32 images:
     one process on the global batch in float64 on CPU; TF32 off. Largest difference <= 1e-4.
 (b) epoch times: the GPU alone on the global batch; GPU + CPUs with equal batches; the paper's
     rule (batches proportional to each rank's measured samples/s); the LoadBalancer (equal
-    start, re-planning every few steps); with the plans.
+    start, re-planning every few steps); with the plans; each with hvd_balance's SyncBatchNorm
+    (a collective per layer) and with torch's per-rank BatchNorm (the gradients' only).
 
 Writes ``device_check.json`` and ``device_check.md`` into the output folder.
 """
@@ -136,12 +137,13 @@ def measure_rate(device, cfg, batch):
     return batch / times[len(times) // 2]
 
 
-def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False):
-    """Epoch wall seconds (between barriers, as rank 0 sees them) and the plans used."""
+def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False, sync_bn=True):
+    """Epoch wall seconds (between barriers, as rank 0 sees them) and the plans used;
+    ``sync_bn``: hvd_balance's SyncBatchNorm (a collective per layer), else torch's own."""
     data = make_data(cfg["steps"] * cfg["global_batch"])
     torch.manual_seed(0)
     model = resnet(cfg["width"])
-    if not alone:
+    if not alone and sync_bn:
         model = hb.convert_sync_batchnorm(model)
     model = model.to(device)
     if alone:
@@ -220,19 +222,20 @@ def worker(rank, cfg, out_dir):
         dist.barrier()
         return r
     phase("gpu_alone", gpu_alone)
-    phase("equal", lambda: train(rank, device, cfg, plan=equal, epochs=cfg["epochs"]))
-
-    def paper():
-        rate = measure_rate(device, cfg, equal.batch_sizes[rank])
-        rates = [None] * WORLD
-        dist.all_gather_object(rates, rate)
-        plan = plan_batches(rates, B, method="proportional")
-        r = train(rank, device, cfg, plan=plan, epochs=cfg["epochs"])
-        r["samples_per_s"] = rates
-        return r
-    phase("paper", paper)
-    phase("load_balancer", lambda: train(rank, device, cfg, epochs=cfg["balancer_epochs"],
-                                         rebalance=cfg["rebalance_steps"]))
+    rate = measure_rate(device, cfg, equal.batch_sizes[rank])
+    rates = [None] * WORLD
+    dist.all_gather_object(rates, rate)
+    paper_plan = plan_batches(rates, B, method="proportional")
+    for bn, suffix in (("sync", ""), ("local", "_local_bn")):
+        sync_bn = bn == "sync"
+        phase("equal" + suffix, lambda: train(rank, device, cfg, plan=equal, epochs=cfg["epochs"],
+                                              sync_bn=sync_bn))
+        phase("paper" + suffix, lambda: dict(
+            train(rank, device, cfg, plan=paper_plan, epochs=cfg["epochs"], sync_bn=sync_bn),
+            samples_per_s=rates))
+        phase("load_balancer" + suffix, lambda: train(
+            rank, device, cfg, epochs=cfg["balancer_epochs"], rebalance=cfg["rebalance_steps"],
+            sync_bn=sync_bn))
     if rank == 0:
         write(results, out_dir)
     dist.barrier()
@@ -262,16 +265,18 @@ def write(results, out_dir: Path):
                      f" -> {'PASS' if ex['exact'] else 'FAIL'} (tolerance {EXACT_TOLERANCE:g}, TF32 off)")
     lines += ["", "| strategy | epoch s (mean of measured) | epochs | plan (local batches) |",
               "|---|---|---|---|"]
-    rows = [("GPU alone", "gpu_alone", 1), ("GPU + 3 CPUs, equal", "equal", 1),
-            ("GPU + 3 CPUs, paper's rule", "paper", 1),
-            ("GPU + 3 CPUs, LoadBalancer (last epoch)", "load_balancer", 1)]
-    for label, key, _ in rows:
+    rows = [("GPU alone", "gpu_alone")] + [
+        (f"GPU + 3 CPUs, {what}, {bn}", key + suffix)
+        for bn, suffix in (("SyncBatchNorm", ""), ("per-rank BatchNorm", "_local_bn"))
+        for what, key in (("equal", "equal"), ("paper's rule", "paper"),
+                          ("LoadBalancer (last epoch)", "load_balancer"))]
+    for label, key in rows:
         r = results.get(key, {})
         if "error" in r:
             lines.append(f"| {label} | ERROR: {r['error'][:120]} | | |")
             continue
         epochs = r.get("epoch_s", [])
-        shown = epochs[-1:] if key == "load_balancer" else epochs
+        shown = epochs[-1:] if key.startswith("load_balancer") else epochs
         mean = _mean_tail(shown, len(shown))
         plan = r.get("final_plan") or (r.get("plans") or [[cfg["global_batch"]]])[-1]
         lines.append(f"| {label} | {'-' if mean is None else f'{mean:.2f}'} | "

@@ -75,17 +75,17 @@ def broadcast_object(value: Any, name: str, root_rank: int = 0) -> Any:
         raise named from err
 
 
+# Which ranks joined and why, for the error below: hvd_balance.keras.stop_notice sets it once
+# its notes arrive (it gathers through this module, which therefore does not import it).
+describe_joined: Callable[[], str] = lambda: "its note did not come"
+
+
 def _joined(err: Exception, name: str) -> Exception:
     """``err`` as it is, or, when it is Horovod's refusal of a gather while some rank waits in
     ``join`` (it stopped training mid-epoch), a :class:`RankError` saying which rank and why."""
     if "not supported with Join" not in str(err):
         return err
-    from . import stop_notice  # here: stop_notice itself gathers through this module
-
-    board = stop_notice.board()
-    notes = sorted((board.notes if board is not None else {}).items())
-    what = "; ".join(f"rank {k} stopped in the middle of epoch {n.get('epoch')}, after batch "
-                     f"{n.get('batch')} ({n.get('why')})" for k, n in notes) or "its note did not come"
+    what = describe_joined()
     return RankError(f"{name}: a rank stopped training in the middle of an epoch and waits in "
                      f"hvd.join(), which completes allreduces only ({what}); stop every rank at "
                      "once instead")

@@ -55,6 +55,7 @@ def open_board() -> "Board":
             board.start([(a, p["port"]) for r, p in enumerate(peers) if r != collective.rank()
                          for a in p["addresses"]])
             _board = board
+            collective.describe_joined = board.describe
         return _board
 
 
@@ -66,6 +67,12 @@ def board() -> Optional["Board"]:
 class Board:
     """Notes between the ranks of one job: :meth:`post` this rank's, :meth:`listen` for the
     others'. A note is a dict with at least ``rank``."""
+
+    def describe(self) -> str:
+        """The ranks that stopped mid-epoch, where and why, from the notes received."""
+        return "; ".join(f"rank {k} stopped in the middle of epoch {n.get('epoch')}, after batch "
+                         f"{n.get('batch')} ({n.get('why')})" for k, n in sorted(self.notes.items())
+                         ) or "its note did not come"
 
     def __init__(self):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -14,7 +14,7 @@ backward pass of one process on the global batch *provided* each rank's loss is 
 the global loss: its mean loss times ``b_i / B`` (:meth:`hvd_balance.torch.LoadBalancer.scale`).
 Then the gradient reaching each rank's batch norm is the global one, and its input gradient
 and its weight and bias gradients (summed over the ranks by the DDP hook) equal one
-process's; ``tests/torch`` checks it against one process on 2 and 3 ranks, with a rank of one
+process's; ``tests/torch_edge`` checks it against one process on 2 and 3 ranks, with a rank of one
 sample. (``torch.nn.SyncBatchNorm`` computes the same on GPUs under the same weighting: its
 backward sums ``dy`` and ``dy * (x - mean)`` over ranks and divides by the total count.)
 

@@ -3,7 +3,6 @@ equal steps, every rank parsing exactly its own records and every record once an
 input refused on every rank, with the cause named, before any step and without a hang; a
 record that fails to parse in the middle of an epoch stops every rank (hvd_balance.watchdog)."""
 import os
-import re
 import sys
 
 import pytest
@@ -49,21 +48,6 @@ def test_every_source_gives_equal_steps_and_each_record_once_to_one_rank(inputs)
         assert got[0]["ids"][0] != got[0]["ids"][1], name  # a fresh shuffle each epoch
         if name != "dataset":  # read exactly its records, plus the one decoded at the start
             assert [g["records_read"] for g in got] == [2 * steps * 5 + 1, 2 * steps * 11 + 1]
-
-
-@pytest.mark.timeout(420)
-def test_bad_input_is_refused_on_every_rank_naming_the_cause(inputs):
-    run = run_ranks(SCRIPT, np=2, args=["bad", *inputs], timeout=360)
-    assert run.returncode == 0, run.stdout[-4000:]
-    per_rank = run.results()
-    expected = {"missing_file": r"FileNotFoundError: .*absent\.tfrecord",
-                "corrupt_record": r"ValueError: .*bad\.tfrecord.*record 11 \(0-based\) is corrupt",
-                "parse_fails": r"ValueError: parse_fn failed on the first record of .*part-0",
-                "empty_split": r"ValueError: split 'train\[:0\]' .* is empty"}
-    for r in (0, 1):
-        for case, pattern in expected.items():
-            error = per_rank[r]["errors"][case]
-            assert error and re.search(pattern, error), (r, case, error)
 
 
 @pytest.mark.timeout(420)

@@ -17,7 +17,7 @@ SAVE_CASES = [(False, ".keras", True), (False, ".keras", False)] + (
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("batches", ["5,17,42", "7,25"])
+@pytest.mark.parametrize("batches", ["5,17,42"])  # 3 ranks, unequal weights
 def test_weighted_step_equals_single_process_on_global_batch(batches):
     sizes = [int(b) for b in batches.split(",")]
     run = run_ranks("tests/rank_scripts/gradient_equivalence.py", np=len(sizes), args=[batches],

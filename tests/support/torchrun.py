@@ -4,7 +4,7 @@ Usage::
 
     from support.torchrun import run_torchrun
 
-    run = run_torchrun("tests/torch/rank_scripts/exact_update.py", nproc=3, args=["5,1,10"])
+    run = run_torchrun("tests/torch_edge/rank_scripts/exact_update.py", nproc=3, args=["5,1,10"])
     assert run.returncode == 0, run.stdout[-3000:]
     per_rank = run.results()   # {rank: what the script passed to _result.emit}
 

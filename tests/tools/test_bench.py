@@ -406,7 +406,7 @@ def test_help_names_the_strategies_and_options():
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("batch_norm", ["none", "sync"])
+@pytest.mark.parametrize("batch_norm", ["none"])  # SyncBN: test_sync_batch_norm_timing.py
 def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy(batch_norm):
     # "sync": rank 0 waits for the delayed rank inside SyncBatchNormalization's allreduces,
     # which still count as its wait, not busy, time (and the benchmark step syncs nothing)
@@ -430,7 +430,6 @@ def test_busy_and_wait_split_a_step_and_a_delay_counts_as_busy(batch_norm):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("model, batch_norm, samples, epochs", [
-    pytest.param("resnet", "local", 256, 1, id="resnet-local"),
     pytest.param("resnet", "sync", 256, 1, id="resnet-sync", marks=pytest.mark.skipif(
         not models.sync_batch_norm_available(), reason="no hvd_balance.SyncBatchNormalization yet")),
     pytest.param("text", "local", 2048, 2, id="text")])

@@ -6,7 +6,7 @@ import pytest
 
 from support.torchrun import run_torchrun
 
-SCRIPTS = "tests/torch/rank_scripts/"
+SCRIPTS = "tests/torch_edge/rank_scripts/"
 
 
 @pytest.mark.parametrize("sizes, syncbn", [("7,1", False), ("5,1,10", False), ("7,1", True),
