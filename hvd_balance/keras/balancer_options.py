@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional, Union
 
 from . import plan_sync
+from .data import BalancedData
 from .optimizer import backward_passes_of, telemetry_of
 from ..core.controller import MIN_SAMPLES
 
@@ -14,9 +15,12 @@ def check_arguments(data, rebalance, benchmark: Optional[bool], max_batch_size,
                     threshold) -> None:
     """Raise a ``ValueError`` naming the value for an argument, or a combination, that cannot
     work (``data``: the :class:`~hvd_balance.BalancedData`)."""
+    if not isinstance(data, BalancedData):
+        raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
     steps = isinstance(rebalance, int) and not isinstance(rebalance, bool)
     if rebalance not in (None, "off", "epoch") and not steps:
-        raise ValueError(f"rebalance must be 'off', 'epoch' or a number of steps; got {rebalance!r}")
+        raise ValueError(
+            f"rebalance must be 'off', 'epoch' or a number of steps; got {rebalance!r}")
     if steps and rebalance <= MIN_SAMPLES:
         raise ValueError(
             f"rebalance={rebalance} steps gives windows of {rebalance - 1} timed steps; "
@@ -32,7 +36,8 @@ def check_arguments(data, rebalance, benchmark: Optional[bool], max_batch_size,
     if benchmark is False and max_batch_size is not None:
         raise ValueError(f"benchmark=False takes no max_batch_size (got {max_batch_size!r}): "
                          "give a plan with max_batch_sizes, or benchmark")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold < 1:
+    number = isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+    if not number or not 0 <= threshold < 1:
         raise ValueError(f"threshold must be a fraction of the step in [0, 1); got {threshold!r}")
 
 

@@ -49,8 +49,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         repeats: timed repeats per benchmarked batch size (default 3).
         rebalance: ``"epoch"`` (default; ``"off"`` with a given plan), ``"off"``, or ``K``
             steps (``segment_steps`` of ``data`` dividing ``K``; in force ``K`` steps later).
-        threshold: the margin, a fraction of the step, that a switch needs beyond the
-            measured window-to-window variation (default 0.03).
+        threshold: a switch's margin beyond the measured variation, a fraction of the step (0.03).
         save_plan: optional YAML path where rank 0 writes the plan (again after each change).
         verbose: 1 prints the plan table on rank 0 and each switch, 0 is silent.
 
@@ -79,16 +78,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                  threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1):
         super().__init__()
-        if not isinstance(data, BalancedData):
-            raise TypeError(f"LoadBalancer needs a hvd_balance.BalancedData; got {type(data).__name__}")
         options.check_arguments(data, rebalance, benchmark, max_batch_size, threshold)
         self.data = data
         self.benchmark_given, self.benchmark = benchmark, bool(benchmark)  # None: at train begin
         self.given_plan = plan if plan is not None else os.environ.get(PLAN_ENV) or None
         self.validation_data = validation_data
         self.rebalance_given, self.rebalance = rebalance, rebalance or "epoch"  # None: likewise
-        self.method, self.max_batch_size, self.min_batch_size = method, max_batch_size, min_batch_size
-        self.benchmark_batches = benchmark_batches
+        self.method, self.min_batch_size = method, min_batch_size
+        self.max_batch_size, self.benchmark_batches = max_batch_size, benchmark_batches
         self.repeats = BENCHMARK_REPEATS if repeats is None else repeats
         self._benchmark_options = benchmark_batches is not None or repeats is not None
         self.threshold, self.save_plan, self.verbose = threshold, save_plan, verbose
@@ -137,8 +134,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def _apply(self, plan: Plan, step: int = 0) -> None:
         """Apply ``plan`` to the data from ``step`` of the current epoch; the weight now
-        (``step == 0``) or when training reaches ``step``. Rank 0 warns, once per ``fit``,
-        of a plan too small for unsynchronized batch normalization."""
+        (``step == 0``) or when training reaches ``step``."""
         def apply():
             if step == 0:
                 plan_sync.apply_plan(plan, self.data, self.model.optimizer, self.validation_data)
@@ -147,12 +143,16 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 self._pending[step] = plan
             if self.save_plan and collective.rank() == 0:
                 plan.save(self.save_plan)
-
         collective.all_ok(apply, name="hvd_balance.apply_plan")  # a failure stops every rank
-        if collective.rank() == 0 and not self._warned_small_batches:
-            self._warned_small_batches = small_batch_check.warn_small_batches(self.model, plan) is not None
+        self._warn_small_batches(plan)
         if step == 0:
             self._in_force(plan)
+
+    def _warn_small_batches(self, plan: Plan) -> None:
+        """Rank 0 warns, once per ``fit``, of a plan too small for per-rank batch norm."""
+        if collective.rank() == 0 and not self._warned_small_batches:
+            warning = small_batch_check.warn_small_batches(self.model, plan)
+            self._warned_small_batches = warning is not None
 
     def _in_force(self, plan: Plan) -> None:
         if self.plan is not None and plan.batch_sizes != self.plan.batch_sizes:
@@ -240,8 +240,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         if logs is not None and self.history[-1]["efficiency"] is not None:
             logs["balance_efficiency"] = self.history[-1]["efficiency"]
         for i, w in enumerate(window if logs is not None else []):
-            logs.update({f"rank{i}_{key}_ms": 1e3 * w[f"{key}_s"] for key in ("busy", "wait")
-                         if w[f"{key}_s"] is not None}, **{f"rank{i}_local_batch": w["local_batch"]})
+            logs[f"rank{i}_local_batch"] = w["local_batch"]
+            logs.update({f"rank{i}_{k}_ms": 1e3 * w[f"{k}_s"] for k in ("busy", "wait")
+                         if w[f"{k}_s"] is not None})
         self._stop_epoch_end(epoch)
 
     def on_train_end(self, logs=None):

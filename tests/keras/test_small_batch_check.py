@@ -62,8 +62,8 @@ def test_the_warning_names_the_nested_layer_the_rank_and_both_fixes():
 
 
 def test_the_warning_is_given_once_per_fit_however_many_small_plans_follow():
-    # A job started from equal batches warns at its first steps' plan; a plan benchmarked
-    # later in the same fit (a communication-bound window) must not warn again.
+    # A job started from equal batches warns at its first steps' plan; the later plans of the
+    # same fit, small or not, must not warn again.
     hvd.init()
     cb = hvd_balance.LoadBalancer(data_of(8), verbose=0)
     cb.set_model(nested_bn_model())
