@@ -64,6 +64,7 @@ def allreduce_sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.fu
             torch.cuda.current_stream(buffer.device).synchronize()
     if bucket.is_last() and telemetry is not None:
         telemetry.mark_ready()
+    distributed.entering(tensor)
     future = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future()
 
     def done(fut):

@@ -26,6 +26,20 @@ from ..core.plan import PlanMismatchError
 _ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "PlanMismatchError": PlanMismatchError}
 
 _collective_s = 0.0  # seconds in timed collectives since the process started, only ever added to
+_watcher: Optional[Callable[[torch.Tensor], None]] = None  # told of every collective (stop.py)
+
+
+def watch_collectives(watcher: Optional[Callable[[torch.Tensor], None]]) -> None:
+    """Call ``watcher(tensor)`` as each collective of a step starts (the DDP hook's buckets,
+    :func:`all_reduce_sum`): the mid-epoch stop replays them (:mod:`.stop`)."""
+    global _watcher
+    _watcher = watcher
+
+
+def entering(tensor: torch.Tensor) -> None:
+    """A step's collective on ``tensor`` starts (the watcher is told)."""
+    if _watcher is not None:
+        _watcher(tensor)
 
 
 def is_distributed() -> bool:
@@ -78,10 +92,12 @@ def all_reduce_sum(tensor: torch.Tensor, timed: bool = False) -> torch.Tensor:
     start = time.perf_counter()
     if needs_staging(tensor):
         host = tensor.detach().to("cpu", copy=True)
+        entering(host)
         dist.all_reduce(host, op=dist.ReduceOp.SUM)
         out = host.to(tensor.device)
     else:
         out = tensor.detach().clone()
+        entering(out)
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     if timed:
         if out.device.type == "cuda":

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from . import distributed
+from . import distributed, stop as stop_guard
 from .comm_hook import SumHookState, allreduce_sum_hook
 from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
@@ -63,6 +63,14 @@ class LoadBalancer:
     plan, and every rank applies the answer at the same step boundary: its local batch to
     ``sampler`` and its loss weight ``b_i / B`` to :meth:`scale`.
 
+    A rank that leaves its loop in the middle of an epoch (a ``break`` on a NaN loss, a local
+    condition; :meth:`stop` first gives the reason) does not leave the others waiting in
+    the next allreduce: it tells them out of band and runs their pending step's
+    collectives with zeros, so they finish that step without its gradient and their
+    loops end there (the sampler hands out no more batches, in later passes either); every
+    rank prints who left, the epoch, the step and the reason, and :attr:`stopped` holds
+    them. No collective and nothing measurable per step (:mod:`hvd_balance.torch.stop`).
+
     Args:
         model: the ``DistributedDataParallel`` model (a plain module with one rank).
         sampler: the :class:`BalancedBatchSampler` the ``DataLoader`` draws from.
@@ -79,6 +87,7 @@ class LoadBalancer:
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
         history: one dict per window (epoch, step, decision, batch sizes, busy and wait).
+        stopped: ``None``, or who left the loop first: rank, epoch, step, steps, why.
 
     Raises (on every rank, naming the bad value):
         ValueError: ranks that disagree on the global batch, the data set's size, the seed
@@ -171,6 +180,8 @@ class LoadBalancer:
         self._pending_apply: Optional[int] = None  # a decided plan's first step, not reached yet
         self._save(start)
         self._report(start, "start")
+        self._guard = (stop_guard.StopGuard(sampler, lambda: (sampler.epoch, self._current_step()))
+                       if self._hooked and self.world_size > 1 else None)
 
     def _make_controller(self):
         return Controller(threshold=self._threshold)
@@ -197,6 +208,23 @@ class LoadBalancer:
         self._scaled = True
         return loss * self.weight
 
+    def stop(self, reason: str = "LoadBalancer.stop() was called") -> None:
+        """This rank leaves its training loop now (call it just before the ``break``):
+        every other rank finishes the step it is in and its loop ends there; every rank
+        prints who left, where and ``reason``. Without it a ``break`` is seen too, without
+        the reason. Later passes of the sampler are empty on every rank."""
+        if self._guard is not None:
+            self._guard.stop(str(reason))
+        else:
+            self.sampler.halt()
+
+    @property
+    def stopped(self) -> Optional[Dict[str, Any]]:
+        """``None``, or once a rank left its loop mid-epoch: ``{"rank", "epoch", "step",
+        "steps", "why"}`` of the first rank that left (``step``: steps it completed)."""
+        first = self._guard.first if self._guard is not None else None
+        return None if first is None else {"rank": first["rank"], **first["left"]}
+
     def step(self) -> None:
         """Call once a step, after ``optimizer.step()``: closes the step's timing and, at a
         window's end, gathers the telemetry and applies the decided plan (a collective: every
@@ -214,6 +242,8 @@ class LoadBalancer:
         finished = self._step
         self._step += 1
         self._since_window += 1
+        if self._guard is not None and self._guard.step_done():
+            return  # a rank left its loop: no window (its gather would wait for it)
         if self._pending_apply is not None and self._step == self._pending_apply:
             self.telemetry.reset()  # the window starts with the new plan's first step
             self._since_window = 0

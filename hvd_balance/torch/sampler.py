@@ -74,6 +74,9 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.laid_out = 0
         # Iterators started so far (the LoadBalancer counts its steps from each one's start).
         self.iterations = 0
+        # A rank left its loop mid-epoch: no more batches, in this pass or later ones.
+        self.halted = False
+        self.stop_guard = None  # the LoadBalancer's StopGuard (hvd_balance.torch.stop), if any
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -155,13 +158,26 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         start = step * plan.global_batch_size + sum(plan.batch_sizes[:rank])
         return self.order(epoch)[start:start + plan.batch_sizes[rank]].tolist()
 
+    def halt(self) -> None:
+        """Hand out no more batches, in this pass or later ones (a rank stopped training)."""
+        self.halted = True
+
     def __iter__(self) -> Iterator[List[int]]:
         epoch, order = self.epoch, self.order(self.epoch)
         self._schedule[epoch] = {0: self.plan}  # a fresh pass starts from the plan in force
         self.laid_out = 0
         self.iterations += 1
-        for step in range(self.steps):
-            plan = self.plan_at(step, epoch)
-            start = step * plan.global_batch_size + sum(plan.batch_sizes[:self.rank])
-            self.laid_out = step + 1
-            yield order[start:start + plan.batch_sizes[self.rank]].tolist()
+        try:
+            for step in range(self.steps):
+                if self.halted:
+                    if self.stop_guard is not None:
+                        self.stop_guard.halted(self.laid_out)
+                    return
+                plan = self.plan_at(step, epoch)
+                start = step * plan.global_batch_size + sum(plan.batch_sizes[:self.rank])
+                self.laid_out = step + 1
+                yield order[start:start + plan.batch_sizes[self.rank]].tolist()
+        except GeneratorExit:  # the loop let go of its loader before the pass's end
+            if self.stop_guard is not None:
+                self.stop_guard.closed(self.laid_out)
+            raise

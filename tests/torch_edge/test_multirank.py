@@ -60,3 +60,29 @@ def test_load_balancer_moves_work_off_a_slowed_rank():
     assert results[0]["plans"] == results[1]["plans"]
     final = results[0]["plans"][-1]
     assert sum(final) == 64 and final[1] < 24, final  # 3x slower: about a quarter of 64
+
+
+@pytest.mark.parametrize("mode, why", [("stop", "loss is nan"),
+                                       ("break", "no reason given: a break out of the loop")])
+def test_a_rank_that_leaves_mid_epoch_stops_every_rank_there_naming_it(mode, why):
+    start = time.monotonic()
+    run = run_torchrun(SCRIPTS + "early_stop.py", nproc=2, timeout=90, args=[mode])
+    assert time.monotonic() - start < 60
+    assert run.returncode == 0, run.stdout[-3000:]  # both met in the final barrier
+    results = run.results()
+    assert results[1]["after"] == "alive" and results[1]["steps"] == [6]
+    # rank 0 ends with rank 1, or after the step it was already in (run with zeros for rank 1)
+    assert results[0]["steps"] in ([6], [7]), results[0]
+    for rank in (0, 1):
+        assert results[rank]["stopped"] == {"rank": 1, "epoch": 0, "step": 6, "steps": 24, "why": why}
+        assert (f"hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its 24 steps "
+                f"({why}); every rank stops there") in run.stdout
+        assert f"[rank {rank}]" in run.stdout
+
+
+def test_a_normal_end_prints_no_stop_message():
+    run = run_torchrun(SCRIPTS + "early_stop.py", nproc=2, timeout=90, args=["normal"])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert results[0]["steps"] == results[1]["steps"] == [24, 24]
+    assert results[0]["stopped"] is None and "left its training loop" not in run.stdout

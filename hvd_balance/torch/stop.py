@@ -1,0 +1,214 @@
+"""A rank that leaves its training loop early: every rank stops at that step, none waits.
+
+A rank that ``break``s out of its loop in the middle of an epoch (a NaN loss, a local
+condition) goes on living, and the others wait in the next step's allreduce until Gloo's
+timeout (30 minutes). Telling them through ``torch.distributed`` would take a collective
+every step; aborting the group does not wake a Gloo peer (measured: only the process's exit
+does). So the news travels out of band (:mod:`hvd_balance.notice`, addresses exchanged once)
+and the rank that left completes the others' step itself:
+
+- the leave is seen without the user's help: the sampler's iterator is closed before the
+  epoch's last step (a ``break`` drops the loader's iterator), or :meth:`StopGuard.stop`
+  (``LoadBalancer.stop(reason)``) is called first, with the reason;
+- the rank that left posts a note (who, epoch, step, why); every other rank's sampler hands
+  out no more batches, in this pass or later ones, and a rank waiting in a collective of a
+  later step says so ("in" step ``j``);
+- the rank that left (every rank that is out) runs the collectives of step ``j`` with
+  zeros, in the order this rank's own last step ran them (the DDP hook's buckets and
+  :func:`~hvd_balance.torch.distributed.all_reduce_sum`'s sums): the others finish that step
+  without its gradient, their loop ends, and the groups stay in step (a later collective,
+  a barrier, matches);
+- every rank prints ``hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its
+  24 steps (loss is nan); every rank stops there ...`` once every other rank is out.
+
+When every rank leaves at the same step nothing is posted beyond the notes and nothing is
+printed. Per step: one list append per collective, nothing else; no thread wakes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .. import notice
+from . import distributed
+
+# Seconds a rank that is out waits for another rank's next word (in a step, or out) before
+# giving up on it: longer than one training step, within the 60 s a user waits for an answer.
+ANSWER_WAIT_S = 45.0
+
+_board: Optional[notice.Board] = None
+_guards = 0  # LoadBalancers made in this process: a note names its guard, so a late one stops no other
+
+
+def open_board() -> notice.Board:
+    """This process's note board, its peers' addresses gathered the first time (a collective:
+    every rank calls it at the same point)."""
+    global _board
+    if _board is None:
+        board = notice.Board()
+        peers = distributed.allgather_object({"addresses": board.addresses, "port": board.port})
+        board.start([(a, p["port"]) for r, p in enumerate(peers) if r != distributed.rank()
+                     for a in p["addresses"]])
+        _board = board
+    return _board
+
+
+class StopGuard:
+    """The mid-epoch stop of one :class:`~hvd_balance.torch.LoadBalancer` (several ranks).
+
+    ``position()`` returns ``(epoch, step)``: the step of the current pass that is running or
+    about to run. The LoadBalancer calls :meth:`step_done` once a step; the sampler calls
+    :meth:`closed` and :meth:`halted`; every collective calls :meth:`entering`.
+    """
+
+    def __init__(self, sampler, position):
+        global _guards
+        _guards += 1
+        self.gen = _guards
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        self.sampler, self.position = sampler, position
+        self.board = open_board()
+        self._cond = threading.Condition()
+        self._entries: List[Tuple[int, torch.dtype, torch.device]] = []  # this step's collectives
+        self._layout: List[Tuple[int, torch.dtype, torch.device]] = []   # the last whole step's
+        self._entered: Optional[Tuple[int, int]] = None  # (epoch, step) of this step's collectives
+        self.mine: Optional[Dict] = None                 # this rank's posted state
+        self.peers: Dict[int, Dict] = {}                 # rank -> its latest state
+        self.first: Optional[Dict] = None                # the first "left" note seen (any rank)
+        self.reported = False
+        self.board.listen(self._on_note)
+        distributed.watch_collectives(self.entering)
+        sampler.stop_guard = self
+
+    # -- every rank, every step ------------------------------------------------------------
+    def entering(self, tensor: torch.Tensor) -> None:
+        """A collective of this step starts on ``tensor`` (the hook's bucket, a layer's sum)."""
+        self._entries.append((tensor.numel(), tensor.dtype, tensor.device))
+        if self._entered is None:
+            self._entered = self.position()
+            if self.first is not None:
+                self._post_in(self._entered)
+
+    def step_done(self) -> bool:
+        """The step ended; True once any rank left (no window: the others are out)."""
+        if self._entries:
+            self._layout, self._entries = self._entries, []
+        self._entered = None
+        return self.first is not None
+
+    # -- a rank that leaves ----------------------------------------------------------------
+    def stop(self, why: str) -> None:
+        """This rank leaves its loop now: tell the others and finish their step."""
+        if self.mine is not None and self.mine.get("left"):
+            return
+        epoch, step = self.position()
+        partial = self._entered == (epoch, step) and bool(self._entries)
+        self._post({"left": {"epoch": epoch, "step": step, "steps": self.sampler.steps, "why": why},
+                    "bound": step + 1 if partial else step})
+        self.sampler.halt()
+        self._serve(epoch, step, len(self._entries) if partial else 0, step)
+
+    def closed(self, laid_out: int) -> None:
+        """The sampler's iterator was closed (the loop left) after ``laid_out`` batches."""
+        epoch, step = self.position()
+        # A pass with no step taken (``next(iter(loader))`` for a look at a batch) is no leave.
+        if self.mine is None and step < self.sampler.steps and (step > 0 or self._entered):
+            try:
+                self.stop("no reason given: a break out of the loop")
+            except Exception as err:  # noqa: BLE001 - raised in a generator's close, it would be lost
+                print(f"hvd_balance: rank {self.rank} left its training loop; telling the others "
+                      f"failed: {err}", file=sys.stderr, flush=True)
+
+    def halted(self, laid_out: int) -> None:
+        """This rank's sampler refused a batch since another rank left: this rank is out."""
+        if self.mine is not None and (self.mine.get("left") or self.mine.get("bound") is not None):
+            return
+        epoch, step = self.position()
+        self._post({"bound": laid_out})
+        self._serve(epoch, step, 0, step)
+
+    # -- the board's thread ----------------------------------------------------------------
+    def _on_note(self, note: Dict) -> None:
+        if note.get("gen") != self.gen or note.get("rank") == self.rank:
+            return
+        with self._cond:
+            self.peers[int(note["rank"])] = note
+            if note.get("left") and self.first is None:
+                self.first = note
+                self.sampler.halt()
+                entered = self._entered
+                if entered is not None and self.mine is None:
+                    self._post_in(entered)
+            self._cond.notify_all()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _post_in(self, where: Tuple[int, int]) -> None:
+        """This rank waits in the collectives of step ``where``: the ranks that are out run them."""
+        state = dict(self.mine or {})
+        steps = set(state.get("in", [])) | {where[1]}
+        self._post({**state, "in": sorted(steps), "epoch": where[0]})
+
+    def _post(self, state: Dict) -> None:
+        with self._cond:
+            self.mine = {**(self.mine or {}), **state, "rank": self.rank, "gen": self.gen}
+            if state.get("left") and self.first is None:
+                self.first = self.mine
+            self.board.post(self.mine)
+
+    def _serve(self, epoch: int, step: int, done_entries: int, own_steps: int) -> None:
+        """Run with zeros every step another rank waits in, until every rank is out."""
+        skipped = []
+        next_step, offset = step, done_entries
+        deadline = time.monotonic() + ANSWER_WAIT_S
+        with self._cond:
+            while True:
+                others = [self.peers.get(r) for r in range(self.world_size) if r != self.rank]
+                waiting = any(p is not None and next_step in p.get("in", []) for p in others)
+                if not waiting and all(p is not None and p.get("bound") is not None
+                                       and p["bound"] <= next_step for p in others):
+                    break
+                if waiting:
+                    self._cond.release()
+                    try:
+                        self._shadow(self._layout[offset:])
+                    finally:
+                        self._cond.acquire()
+                    next_step, offset = next_step + 1, 0
+                    deadline = time.monotonic() + ANSWER_WAIT_S
+                    continue
+                if not self._cond.wait(max(deadline - time.monotonic(), 0.0)) \
+                        and time.monotonic() >= deadline:
+                    skipped = [r for r, p in zip([r for r in range(self.world_size) if r != self.rank],
+                                                 others) if p is None or p.get("bound") is None]
+                    break
+        self._report(own_steps, skipped)
+
+    def _shadow(self, entries) -> None:
+        for numel, dtype, device in entries:
+            zeros = torch.zeros(numel, dtype=dtype, device=device)
+            dist.all_reduce(zeros, op=dist.ReduceOp.SUM)
+
+    def _report(self, steps_done: int, skipped: List[int]) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        left = [p for p in list(self.peers.values()) + [self.mine] if p and p.get("left")]
+        first = min(left, key=lambda p: (p["left"]["epoch"], p["left"]["step"], p["rank"]))
+        where = first["left"]
+        if all(p.get("left") and (p["left"]["epoch"], p["left"]["step"]) == (where["epoch"], where["step"])
+               for p in list(self.peers.values()) + [self.mine]) and len(left) == self.world_size:
+            return  # every rank left at the same step: an ordinary end
+        message = (f"hvd_balance: rank {first['rank']} left its training loop in epoch "
+                   f"{where['epoch']} after {where['step']} of its {where['steps']} steps "
+                   f"({where['why']}); every rank stops there (this rank after {steps_done} steps: "
+                   f"a step it was in ends without the gradient of a rank that left) [rank {self.rank}]")
+        if skipped:
+            message += (f"; rank(s) {skipped} did not answer within {ANSWER_WAIT_S:.0f} s: they may "
+                        "wait in a collective of their own (Gloo's timeout ends them)")
+        print(message, file=sys.stdout, flush=True)
