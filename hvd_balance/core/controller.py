@@ -2,13 +2,15 @@
 
 Model. Rank ``i``'s busy seconds per step at a local batch of ``b`` samples is the line
 ``t_i(b) = a_i + c_i * b``: through the latest window's median busy time ``(b_L, m_L)``,
-its slope fitted by weighted least squares over the earlier windows' points (and a
-benchmark's, as the oldest), a window ``k`` windows old weighing ``DECAY ** k``::
+its slope the weighted median of the slopes to the earlier windows' points (and a
+benchmark's, as the oldest), a window ``k`` windows old weighing ``DECAY ** k (b_k - b_L)^2``
+(the weights of least squares; a median, so that windows from before a change of speed are
+outvoted by the newer ones)::
 
-    c_i = sum_k w_k (m_k - m_L)(b_k - b_L) / sum_k w_k (b_k - b_L)^2,
-    clipped to [MIN_SLOPE * m_L / b_L, m_L / b_L] (so a_i >= 0, c_i > 0),
+    c_i = wmedian_k((m_k - m_L) / (b_k - b_L)), clipped to [MIN_SLOPE, 1] * m_L / b_L,
 
-proportional (``c_i = m_L / b_L``) where no earlier point has another batch. A plan's
+so ``a_i >= 0, c_i > 0``; proportional (``c_i = m_L / b_L``) where no earlier point has
+another batch or the slope is not positive (the windows contradict a line). A plan's
 predicted step is ``max_i t_i(b_i) + overhead``, the overhead being the window's measured
 step minus its slowest busy time (collectives, input waits). The planner's minmax plan over
 the lines is the candidate.
@@ -44,8 +46,8 @@ DEFAULT_THRESHOLD = 0.03
 # The variation assumed before two windows of one plan measure it: with a plan fixed, one
 # epoch's mean step differed from the next by under 5 % in 39 of 48 pairs on a shared machine.
 PRIOR_VARIATION = 0.05
-# A window this many windows old weighs DECAY ** k in the slope: recent speeds count most.
-DECAY = 0.5
+# A window k windows old weighs DECAY ** k in the slope: the newest outweighs all older ones.
+DECAY = 1 / 3
 # Windows remembered, for the fit, the variation and a barred plan.
 MEMORY = 6
 # No rank's cost per sample is taken below this share of its mean seconds per sample: a line
@@ -154,11 +156,16 @@ def fit_lines(batches: np.ndarray, busy_s: np.ndarray, weights: np.ndarray) -> n
     """
     b_last, m_last = batches[-1].astype(float), busy_s[-1]
     db, dm = batches[:-1] - b_last, busy_s[:-1] - m_last
-    w = weights[:-1, None]
-    num, den = (w * dm * db).sum(axis=0), (w * db * db).sum(axis=0)
+    w = weights[:-1, None] * db * db                          # (K-1, N); 0 at the same batch
+    slopes = dm / np.where(db != 0, db, 1.0)
+    order = np.argsort(slopes, axis=0)
+    w_sorted, s_sorted = np.take_along_axis(w, order, 0), np.take_along_axis(slopes, order, 0)
+    cum = np.cumsum(w_sorted, axis=0)
+    half = np.argmax(cum >= cum[-1:] / 2, axis=0) if len(w) else np.zeros(len(b_last), int)
+    median = s_sorted[half, np.arange(len(b_last))] if len(w) else np.zeros(len(b_last))
     mean_slope = m_last / b_last
-    slope = np.where(den > 0, num / np.where(den > 0, den, 1.0), mean_slope)
-    slope = np.clip(slope, MIN_SLOPE * mean_slope, mean_slope)
+    known = (cum[-1] > 0) & (median > 0) if len(w) else np.zeros(len(b_last), bool)
+    slope = np.where(known, np.clip(median, MIN_SLOPE * mean_slope, mean_slope), mean_slope)
     return np.stack([m_last - slope * b_last, slope], axis=1)
 
 
