@@ -3,9 +3,9 @@
 Model. Rank ``i``'s busy seconds per step at a local batch of ``b`` samples is the line
 ``t_i(b) = a_i + c_i * b``: through the latest window's median busy time ``(b_L, m_L)``,
 its slope the weighted median of the slopes to the earlier windows' points (and a
-benchmark's, as the oldest), a window ``k`` windows old weighing ``DECAY ** k (b_k - b_L)^2``
-(the weights of least squares; a median, so that windows from before a change of speed are
-outvoted by the newer ones)::
+benchmark's, as the oldest), a window ``k`` windows old weighing ``DECAY ** k |b_k - b_L|``
+(a point far from the latest batch gives a surer slope; a median, so that windows from before
+a change of speed are outvoted by the newer ones)::
 
     c_i = wmedian_k((m_k - m_L) / (b_k - b_L)), clipped to [MIN_SLOPE, 1] * m_L / b_L,
 
@@ -156,7 +156,7 @@ def fit_lines(batches: np.ndarray, busy_s: np.ndarray, weights: np.ndarray) -> n
     """
     b_last, m_last = batches[-1].astype(float), busy_s[-1]
     db, dm = batches[:-1] - b_last, busy_s[:-1] - m_last
-    w = weights[:-1, None] * db * db                          # (K-1, N); 0 at the same batch
+    w = weights[:-1, None] * np.abs(db)                       # (K-1, N); 0 at the same batch
     slopes = dm / np.where(db != 0, db, 1.0)
     order = np.argsort(slopes, axis=0)
     w_sorted, s_sorted = np.take_along_axis(w, order, 0), np.take_along_axis(slopes, order, 0)

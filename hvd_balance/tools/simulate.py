@@ -100,7 +100,7 @@ def format_report(result: dict) -> str:
                 f"from step {cfg['drift_step']}; "
                 if cfg["drift_step"] >= 0 and cfg["drift_ranks"] else "no drift; ")
              + (f"adaptive re-plans every {cfg['replan_every']} steps if the predicted gain > "
-                f"{100 * cfg['threshold']:g}% plus the window's noise allowance" if cfg["replan_every"] > 0 else "adaptive never re-plans"), ""]
+                f"{100 * cfg['threshold']:g}% plus the measured variation" if cfg["replan_every"] > 0 else "adaptive never re-plans"), ""]
     head = ("strategy", "step ms", "samples/s", "efficiency", "eff. before drift", "eff. after drift",
             "idle GPU-h/1000 steps", "speedup", "re-plans")
     rows = [head]
