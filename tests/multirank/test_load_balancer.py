@@ -107,21 +107,21 @@ def test_a_saved_plan_is_reused_by_the_next_run_without_benchmarking(tmp_path):
 def test_gradient_aggregation_must_not_span_a_plan_change(steps, rebalance, bpps, refused):
     import tensorflow as tf
     import hvd_balance
+    from hvd_balance.keras import balancer_options
 
     data = hvd_balance.BalancedData(np.zeros((steps * 8, 2), "float32"), global_batch_size=8,
                                     rank=0, world_size=2, segment_steps=2 if rebalance != "epoch" else None)
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
     model.compile(optimizer=hvd_balance.DistributedOptimizer(
         tf.keras.optimizers.SGD(0.1), backward_passes_per_step=bpps), loss="mse")
-    balancer = hvd_balance.LoadBalancer(data, rebalance=rebalance)
-    balancer.set_model(model)
     assert len(data) == steps
+    rebalance = hvd_balance.LoadBalancer(data, rebalance=rebalance).rebalance
     if refused is None:
-        balancer._check_gradient_aggregation()
+        balancer_options.check_replanning(model.optimizer, len(data), rebalance, 1)
     else:
         with pytest.raises(ValueError, match=re.escape(refused) + ".*backward_passes_per_step="
                            + str(bpps)):
-            balancer._check_gradient_aggregation()
+            balancer_options.check_replanning(model.optimizer, len(data), rebalance, 1)
 
 
 def test_without_a_benchmark_rebalancing_is_required_and_caps_come_from_a_plan():
