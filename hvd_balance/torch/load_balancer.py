@@ -150,6 +150,7 @@ class LoadBalancer:
         self._hooked = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         if self._hooked:
             model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
+            distributed.watch_buffer_broadcasts(model)  # a leave replays them too (stop.py)
         where = distributed.allgather_object(
             (distributed.hostname(), describe_device(_model_device(model))))
         hosts = tuple(h for h, _ in where)

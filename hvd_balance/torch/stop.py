@@ -13,11 +13,12 @@ and the rank that left completes the others' step itself:
 - the rank that left posts a note (who, epoch, step, why); every other rank's sampler hands
   out no more batches, in this pass or later ones, and a rank waiting in a collective of a
   later step says so ("in" step ``j``);
-- the rank that left (every rank that is out) runs the collectives of step ``j`` with
-  zeros, in the order this rank's own last step ran them (the DDP hook's buckets and
-  :func:`~hvd_balance.torch.distributed.all_reduce_sum`'s sums): the others finish that step
-  without its gradient, their loop ends, and the groups stay in step (a later collective,
-  a barrier, matches);
+- the rank that left (every rank that is out) runs the collectives of step ``j`` in the
+  order this rank's own last step ran them: DDP's broadcast of buffers at the forward's start
+  (from the same root, with this rank's buffers), then the sums with zeros (the DDP hook's
+  buckets, :func:`~hvd_balance.torch.distributed.all_reduce_sum`'s): the others finish that
+  step without its gradient, their loop ends, and the groups stay in step (a later
+  collective, a barrier, matches);
 - every rank prints ``hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its
   24 steps (loss is nan); every rank stops there ...`` once every other rank is out.
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ ANSWER_WAIT_S = 45.0
 
 _board: Optional[notice.Board] = None
 _guards = 0  # LoadBalancers made in this process: a note names its guard, so a late one stops no other
+
+# One collective of a step: a sum's (numel, dtype, device), replayed with zeros, or a replay().
+Entry = Union[Tuple[int, torch.dtype, torch.device], distributed.Replay]
 
 
 def open_board() -> notice.Board:
@@ -75,8 +79,8 @@ class StopGuard:
         self.sampler, self.position = sampler, position
         self.board = open_board()
         self._cond = threading.Condition()
-        self._entries: List[Tuple[int, torch.dtype, torch.device]] = []  # this step's collectives
-        self._layout: List[Tuple[int, torch.dtype, torch.device]] = []   # the last whole step's
+        self._entries: List[Entry] = []  # this step's collectives
+        self._layout: List[Entry] = []   # the last whole step's
         self._entered: Optional[Tuple[int, int]] = None  # (epoch, step) of this step's collectives
         self.mine: Optional[Dict] = None                 # this rank's posted state
         self.peers: Dict[int, Dict] = {}                 # rank -> its latest state
@@ -87,9 +91,11 @@ class StopGuard:
         sampler.stop_guard = self
 
     # -- every rank, every step ------------------------------------------------------------
-    def entering(self, tensor: torch.Tensor) -> None:
-        """A collective of this step starts on ``tensor`` (the hook's bucket, a layer's sum)."""
-        self._entries.append((tensor.numel(), tensor.dtype, tensor.device))
+    def entering(self, tensor: torch.Tensor, replay: Optional[distributed.Replay] = None) -> None:
+        """A collective of this step starts on ``tensor`` (the hook's bucket, a layer's sum,
+        DDP's buffers); ``replay`` runs it again (``None``: a sum, replayed with zeros)."""
+        self._entries.append(replay if replay is not None
+                             else (tensor.numel(), tensor.dtype, tensor.device))
         if self._entered is None:
             self._entered = self.position()
             if self.first is not None:
@@ -190,7 +196,11 @@ class StopGuard:
         self._report(own_steps, skipped)
 
     def _shadow(self, entries) -> None:
-        for numel, dtype, device in entries:
+        for entry in entries:
+            if callable(entry):
+                entry()
+                continue
+            numel, dtype, device = entry
             zeros = torch.zeros(numel, dtype=dtype, device=device)
             dist.all_reduce(zeros, op=dist.ReduceOp.SUM)
 

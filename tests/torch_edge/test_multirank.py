@@ -62,22 +62,31 @@ def test_load_balancer_moves_work_off_a_slowed_rank():
     assert sum(final) == 64 and final[1] < 24, final  # 3x slower: about a quarter of 64
 
 
-@pytest.mark.parametrize("mode, why", [("stop", "loss is nan"),
-                                       ("break", "no reason given: a break out of the loop")])
-def test_a_rank_that_leaves_mid_epoch_stops_every_rank_there_naming_it(mode, why):
+@pytest.mark.parametrize("mode, model, leaver", [
+    ("stop", "mlp", 1), ("break", "mlp", 1),
+    # DDP's default broadcast_buffers=True: a broadcast of buffers from rank 0 opens each step
+    ("stop", "bn1d", 1), ("break", "bn2d", 0), ("stop", "syncbn", 0), ("break", "syncbn", 1),
+])
+def test_a_rank_that_leaves_mid_epoch_stops_every_rank_there_naming_it(mode, model, leaver):
+    why = "loss is nan" if mode == "stop" else "no reason given: a break out of the loop"
     start = time.monotonic()
-    run = run_torchrun(SCRIPTS + "early_stop.py", nproc=2, timeout=90, args=[mode])
+    run = run_torchrun(SCRIPTS + "early_stop.py", nproc=2, timeout=90,
+                       args=[mode, model, str(leaver)])
     assert time.monotonic() - start < 60
     assert run.returncode == 0, run.stdout[-3000:]  # both met in the final barrier
     results = run.results()
-    assert results[1]["after"] == "alive" and results[1]["steps"] == [6]
-    # rank 0 ends with rank 1, or after the step it was already in (run with zeros for rank 1)
-    assert results[0]["steps"] in ([6], [7]), results[0]
+    other = 1 - leaver
+    assert results[leaver]["after"] == "alive" and results[leaver]["steps"] == [6]
+    # the other rank ends with the leaver, or after the step it was already in (run for it)
+    assert results[other]["steps"] in ([6], [7]), results[other]
     for rank in (0, 1):
-        assert results[rank]["stopped"] == {"rank": 1, "epoch": 0, "step": 6, "steps": 24, "why": why}
-        assert (f"hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its 24 steps "
-                f"({why}); every rank stops there") in run.stdout
+        assert results[rank]["stopped"] == {"rank": leaver, "epoch": 0, "step": 6, "steps": 24,
+                                            "why": why}
+        assert (f"hvd_balance: rank {leaver} left its training loop in epoch 0 after 6 of its 24 "
+                f"steps ({why}); every rank stops there") in run.stdout
         assert f"[rank {rank}]" in run.stdout
+        if model != "mlp":  # rank 0's count arrived in every step's broadcast, the replayed one too
+            assert results[rank]["batches_tracked"] == results[rank]["steps"][0], results[rank]
 
 
 def test_a_normal_end_prints_no_stop_message():
