@@ -3,8 +3,8 @@ per job the two plans, the pairs and their median, each compared epoch's step, a
 plan's step, busy and wait (ms, medians over the plan's compared epochs but each epoch's
 first step, per rank).
 
-Usage: python docs/bench/first_steps/paired_table.py FILE.json[.gz] ...
-       python docs/bench/first_steps/paired_table.py --pooled FILE.json[.gz] ...
+Usage: python docs/bench/paired_table.py FILE.json[.gz] ...
+       python docs/bench/paired_table.py --pooled FILE.json[.gz] ...
 (--pooled: one line per configuration, the name before "_paired_", over every pair of its
 files.) A file whose jobs include the control strategy (the A/A test: the paper's plan in both
 slots) gets a second line, "control (A/A)", over the control's pairs.
@@ -58,10 +58,9 @@ for path in sys.argv[1:]:
               f"after {first - 1} epochs; pairs",
               [round(x, 3) for x in j["summary"]["paired"]["pair_ratios"]],
               f"(median {st.median(j['summary']['paired']['pair_ratios']):.3f})")
-        flags = ("changed", "reverted", "explored", "offloaded", "extended", "benchmarked")
         print("    the default's rounds (epoch/step: batches, step ms, what it did):",
               "; ".join(f"{h['epoch']}/{h['step']}: {h['batch_sizes']}, "
-                        f"{h['step_ms'] or 0:.0f}, {' '.join(f for f in flags if h.get(f)) or '-'}"
+                        f"{h['step_ms'] or 0:.0f}, {h.get('decision') or '-'}"
                         for h in r["replans"]))
         c = j["summary"]["paired"]  # figures.paired_comparison: each compared epoch's step
         print("    each compared epoch's step, ms: default",
