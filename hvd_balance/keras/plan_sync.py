@@ -23,6 +23,7 @@ from .pinning import current_device
 from ..core.memory_caps import resolve_max_batch_sizes
 from .memory_probe import probe_max_batch
 from .optimizer import gradient_weight_of
+from ..core.agreement import disagreements
 from ..core.plan import Plan
 from ..core.planner import plan_batches, solve_proportional
 
@@ -57,15 +58,9 @@ def check_consistent(name: str, **values: Any) -> None:
     The message names each differing value and what each rank had, e.g.
     ``global_batch_size differs across ranks: rank 0: 256, rank 1: 128``.
     """
-    gathered = collective.allgather_object(values, name=name)
-    problems = []
-    for key in values:
-        seen = [g.get(key) for g in gathered]
-        if any(v != seen[0] for v in seen):
-            problems.append(f"{key} differs across ranks: " +
-                            ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(seen)))
+    problems = disagreements(collective.allgather_object(values, name=name))
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError(problems)
 
 
 def measure_rank(model: tf.keras.Model, data: BalancedData, max_batch_size=None,

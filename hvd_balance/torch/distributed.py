@@ -25,6 +25,8 @@ from typing import Any, Callable, List, Optional
 import torch
 import torch.distributed as dist
 
+from ..core.agreement import disagreements
+
 from ..core.plan import PlanMismatchError
 
 # Errors raised on every rank keep these types (by name); any other becomes a RuntimeError.
@@ -208,12 +210,6 @@ def check_consistent(what: str, **values: Any) -> None:
     """Raise on every rank unless every rank passed the same ``values``; the message names
     each differing value and every rank's, e.g. ``global_batch_size differs across ranks:
     rank 0: 64, rank 1: 48``."""
-    gathered = allgather_object(values)
-    problems = []
-    for key in values:
-        seen = [g.get(key) for g in gathered]
-        if any(v != seen[0] for v in seen):
-            problems.append(f"{key} differs across ranks: " +
-                            ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(seen)))
+    problems = disagreements(allgather_object(values))
     if problems:
-        raise ValueError("; ".join(problems) + f" ({what})")
+        raise ValueError(f"{problems} ({what})")
