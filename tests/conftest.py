@@ -5,6 +5,10 @@
 - ``multirank/``: jobs of several ranks under horovodrun (``support.run_ranks``: hard
   timeout, every rank killed after it);
 - ``tools/``: the command line, the emulation launcher and the benchmarks;
+- ``examples/``: the scripts in ``examples/`` run as users run them (smoke tests);
+- ``torch_edge/``: ``hvd_balance.torch`` (the torch stack only; jobs under torchrun through
+  ``support.torchrun``); not named ``torch/``, which would shadow the package;
+- ``cluster/``: jobs on ssh hosts in network namespaces (root);
 - ``rank_scripts/``: the programs the multi-rank tests launch (not collected);
 - ``support/``: the shared helpers (``from support import run_ranks``).
 """
