@@ -14,7 +14,6 @@ Usage: horovodrun -np 2 python stop_fit.py mid {callbacks,balancer,watchdog} {ca
   when it stopped), "fit_returned_at" (time.time())}.
 """
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf

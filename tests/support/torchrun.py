@@ -17,7 +17,6 @@ When a rank fails, torchrun stops the others and prints a report naming it
 
 from __future__ import annotations
 
-import os
 import tempfile
 import uuid
 from pathlib import Path
