@@ -61,6 +61,18 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 vpy="$venv/bin/python"
 vpip() { "$vpy" -m pip --disable-pip-version-check "$@"; }
+# This checkout installed editable, unless it already is (find_spec, not import: on Keras 3
+# `import hvd_balance` may fail for reasons of its own).
+install_editable() {
+  if ! "$vpy" -c '
+import importlib.util, os, sys
+s = importlib.util.find_spec("hvd_balance")
+sys.exit(0 if s and s.origin and os.path.realpath(s.origin).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
+' "$repo" 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
+    log "installing hvd_balance (editable)"
+    vpip install -q --no-deps --no-build-isolation -e "$repo"
+  fi
+}
 
 have() { "$vpy" - "$@" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
@@ -95,14 +107,7 @@ PY
     fi
   fi
   torch_ok || { log "torch $TORCH_VERSION with torch.distributed is not importable in $venv"; exit 1; }
-  if ! "$vpy" -c '
-import importlib.util, os, sys
-s = importlib.util.find_spec("hvd_balance")
-sys.exit(0 if s and s.origin and os.path.realpath(s.origin).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
-' "$repo" 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
-    log "installing hvd_balance (editable)"
-    vpip install -q --no-deps --no-build-isolation -e "$repo"
-  fi
+  install_editable
   log "ready: $venv (torch stack: PyTorch $("$vpy" -c 'import torch; print(torch.__version__)'))"
   echo "$venv"
   exit 0
@@ -216,14 +221,6 @@ if ! hvd_ok; then
   log "horovod $HVD_VERSION built with TensorFlow $TF_VERSION and Gloo"
 fi
 
-# find_spec, not import: on Keras 3 `import hvd_balance` may fail for reasons of its own.
-if ! "$vpy" -c '
-import importlib.util, os, sys
-s = importlib.util.find_spec("hvd_balance")
-sys.exit(0 if s and s.origin and os.path.realpath(s.origin).startswith(os.path.realpath(sys.argv[1]) + os.sep) else 1)
-' "$repo" 2>/dev/null || ! "$vpy" -m pip show -q hvd_balance >/dev/null 2>&1; then
-  log "installing hvd_balance (editable)"
-  vpip install -q --no-deps --no-build-isolation -e "$repo"
-fi
+install_editable
 log "ready: $venv ($stack stack: TensorFlow $TF_VERSION${extra_pkgs[*]:+, ${extra_pkgs[*]}})"
 echo "$venv"

@@ -57,16 +57,6 @@ class BroadcastGlobalVariablesCallback(StopAgreementMixin, keras.callbacks.Callb
     def on_train_batch_end(self, batch, logs=None):
         self._broadcast()
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._stop_epoch_begin(epoch)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._stop_epoch_settle(epoch, logs)
-        self._stop_epoch_end(epoch)
-
-    def on_train_end(self, logs=None):
-        self._stop_train_end()
-
     def _broadcast(self) -> None:
         if self.broadcast_done or collective.size() == 1:
             self.broadcast_done = True

@@ -69,12 +69,6 @@ class WeightedMetricAverage(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.data = data
         self.validation_data = validation_data
 
-    def on_train_begin(self, logs=None):
-        self._stop_join()
-
-    def on_train_end(self, logs=None):
-        self._stop_train_end()
-
     def on_epoch_begin(self, epoch, logs=None):
         self._stop_epoch_begin(epoch)
         # Counted now: at epoch end the load balancer may already have applied the next

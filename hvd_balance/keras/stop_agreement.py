@@ -225,11 +225,24 @@ class StopAgreement:
 
 
 class StopAgreementMixin:
-    """Joins a Keras callback to its model's :class:`StopAgreement`: the callback calls the
-    ``_stop_*`` methods from its own hooks (each does nothing before ``_stop_join``, so a hook
-    called outside ``fit`` works as before)."""
+    """Joins a Keras callback to its model's :class:`StopAgreement`. Its hooks below are the
+    members' defaults; a callback that overrides one calls the ``_stop_*`` methods from its own
+    (each does nothing before ``_stop_join``, so a hook called outside ``fit`` works as before)."""
 
     _stop: Optional[StopAgreement] = None
+
+    def on_train_begin(self, logs=None):
+        self._stop_join()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._stop_epoch_begin(epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._stop_epoch_settle(epoch, logs)
+        self._stop_epoch_end(epoch)
+
+    def on_train_end(self, logs=None):
+        self._stop_train_end()
 
     def _stop_join(self) -> None:
         self._stop = StopAgreement.join(self.model, self)
@@ -280,13 +293,3 @@ class StopWatch(StopAgreementMixin, compat.keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         if collective.size() > 1 and optimizer is not None and compat.is_distributed_optimizer(optimizer):
             self._stop_join()
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._stop_epoch_begin(epoch)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._stop_epoch_settle(epoch, logs)
-        self._stop_epoch_end(epoch)
-
-    def on_train_end(self, logs=None):
-        self._stop_train_end()

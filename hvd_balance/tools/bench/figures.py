@@ -100,8 +100,9 @@ def share_of_ideal(speedup: float, samples_per_s: Sequence[float]) -> float:
         >>> round(share_of_ideal(1.9, [4.0, 2.0, 1.0, 1.0]), 6)  # --slowdown 1,2,4,4: ideal 2
         0.95
     """
-    rates = [float(r) for r in samples_per_s]
-    return float(speedup) / (sum(rates) / (len(rates) * min(rates)))
+    # one sample a step on every rank takes 1 / r_i seconds: ideal_speedup's uniform split
+    one_each = ideal_speedup([1.0 / float(r) for r in samples_per_s], [1] * len(samples_per_s))
+    return float(speedup) / one_each["ideal_speedup"]
 
 
 def step_efficiency(busy_per_rank: Sequence[Sequence[float]]) -> List[float]:
