@@ -1,0 +1,333 @@
+"""The torch edge's benchmark: plain DDP batches, the paper's rule and ``LoadBalancer`` on CPU.
+
+``python -m hvd_balance.tools.torch_bench`` trains one small CNN with ``hvd_balance.torch``
+under each strategy, each job on its own, the strategies interleaved within every repetition
+(so a slow patch of the machine falls on all of them alike), and prints a table:
+
+- **uniform**: what plain DDP does, ``B / N`` samples on every rank;
+- **proportional**: the paper's rule (Moreno-Alvarez et al. 2020): each rank times a few
+  steps alone at ``B / N`` samples, then batches proportional to the measured samples/s, kept;
+- **balanced**: ``hvd_balance.torch.LoadBalancer(model, sampler)`` with every default.
+
+Every job weights each rank's loss by ``b_i / B`` and sums (the same hook), so only the split
+differs. Two emulations of slow devices, as ``python -m hvd_balance.bench`` has
+(docs/emulation.md): ``--shares 1.0,0.25`` caps each rank with a cgroup CPU quota (root; it
+also slows the rank's side of the collectives), ``--slowdown 1,4`` makes rank ``i`` wait
+``k_i - 1`` times its measured compute once its backward is done, before its last gradient
+bucket goes to the allreduce (counted as busy time: a slower device, not a slower link). A rank's busy time runs, as
+``hvd_balance.torch``'s telemetry counts it, from the end of its previous step (fetching the
+batch included) to its first layer's gradient. Each
+rank runs one thread, pinned to a core as the TensorFlow benchmark pins them.
+
+*epoch s*: the median over the steady epochs (the 2nd and later) and repetitions; *speedup*:
+uniform's epoch over the strategy's; *share of ideal*: the speedup over the ideal one (equal
+finish times, no overhead) from each rank's samples/s in the uniform jobs
+(:func:`hvd_balance.tools.bench.figures.share_of_ideal`); *efficiency*: per steady step, the
+ranks' mean busy time over the largest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from .bench.figures import share_of_ideal
+from .emulate import (DEFAULT_PERIOD_US, CpuQuotaGroups, assign_cores, parse_cpu_shares,
+                      parse_slowdowns)
+
+STRATEGIES = ("uniform", "proportional", "balanced")
+RATE_STEPS = 6          # the paper's benchmark: steps timed alone (after one warm-up step)
+JOB_TIMEOUT_S = 900     # a job that runs longer than this is killed and reported as failed
+
+
+# ----------------------------------------------------------------------------------------
+# One rank of one job (a subprocess of the driver).
+
+def _model(name: str):
+    import torch.nn as nn
+
+    if name == "cnn":  # the TensorFlow benchmark's "cnn": 16x16x1 images, 188k parameters
+        return (1, 16, 16), nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 4 * 4, 128), nn.ReLU(), nn.Linear(128, 10))
+    if name == "tiny":  # for the smoke test
+        return (1, 8, 8), nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                                        nn.Linear(8 * 8 * 8, 10))
+    raise ValueError(f"unknown model {name!r}; choose cnn or tiny")
+
+
+class _Timer:
+    """Times each step's busy part as hvd_balance.torch's telemetry does (from the end of the
+    previous step, so fetching the batch counts, to the first layer's gradient) and applies
+    the ``--slowdown`` wait there: ``k - 1`` times the compute (forward start to that
+    gradient), before the last bucket's allreduce."""
+
+    def __init__(self, model, slowdown: float):
+        self.slowdown, self.busy_s = float(slowdown), []
+        self.step_start = self._forward_start = None
+        self._waited = False
+        model.register_forward_pre_hook(self._forward_begins)
+        first = next(m for m in model.modules() if list(m.parameters(recurse=False)))
+        for p in first.parameters(recurse=False):  # the last gradients backward computes
+            p.register_hook(self._last_gradients)
+
+    def step_begins(self):
+        """Call where a step begins: before the batch is fetched."""
+        self.step_start = time.perf_counter()
+
+    def _forward_begins(self, module, args):
+        self._forward_start, self._waited = time.perf_counter(), False
+        if self.step_start is None:
+            self.step_start = self._forward_start
+
+    def _last_gradients(self, grad):
+        if not self._waited and self._forward_start is not None:
+            self._waited = True
+            compute = time.perf_counter() - self._forward_start
+            if self.slowdown > 1:
+                time.sleep((self.slowdown - 1) * compute)
+            self.busy_s.append(time.perf_counter() - self.step_start)
+            self.step_start = None
+        return grad
+
+
+def _paper_rate(model, timer: _Timer, shape, batch: int) -> float:
+    """This rank's samples/s alone at ``batch`` samples (the paper's benchmark phase)."""
+    import torch
+    import torch.nn.functional as F
+
+    x, y = torch.randn(batch, *shape), torch.zeros(batch, dtype=torch.long)
+    times = []
+    for i in range(RATE_STEPS + 1):
+        t = time.perf_counter()
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if i:  # the first step allocates
+            times.append(time.perf_counter() - t)
+    timer.busy_s.clear()
+    timer.step_start = None
+    return batch / statistics.median(times)
+
+
+def _worker(cfg: Dict[str, Any]) -> None:
+    import datetime
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import hvd_balance.torch as hb
+    from hvd_balance.core.plan import Plan
+    from hvd_balance.core.planner import plan_batches
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    os.sched_setaffinity(0, cfg["cores"][rank])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    shape, model = _model(cfg["model"])
+    rng = np.random.default_rng(0)  # the TensorFlow benchmark's data: a fixed linear map's argmax
+    x = rng.standard_normal((cfg["samples"],) + shape, dtype=np.float32)
+    w = rng.standard_normal((int(np.prod(shape)), 10), dtype=np.float32)
+    data = TensorDataset(torch.from_numpy(x), torch.from_numpy(np.argmax(x.reshape(len(x), -1) @ w, 1)))
+    torch.manual_seed(0)
+    timer = _Timer(model, cfg["slowdowns"][rank])
+    B, strategy = cfg["global_batch"], cfg["strategy"]
+    start = time.perf_counter()
+    plan, rates = None, None
+    if strategy == "uniform":
+        plan = Plan.uniform(B, world)
+    elif strategy == "proportional":
+        rates = [None] * world
+        dist.all_gather_object(rates, _paper_rate(model, timer, shape, B // world))
+        plan = plan_batches(rates, B, method="proportional")
+    ddp = DDP(model)
+    sampler = hb.BalancedBatchSampler(data, global_batch_size=B, seed=0)
+    balancer = hb.LoadBalancer(ddp, sampler, plan=plan, verbose=0)
+    start_s = time.perf_counter() - start
+    loader = DataLoader(data, batch_sampler=sampler)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    epochs = []
+    for epoch in range(cfg["epochs"]):
+        sampler.set_epoch(epoch)
+        timer.busy_s.clear()
+        dist.barrier()
+        t = time.perf_counter()
+        plan_used = list(balancer.plan.batch_sizes)
+        timer.step_begins()
+        for xb, yb in loader:
+            opt.zero_grad()
+            balancer.scale(F.cross_entropy(ddp(xb), yb)).backward()
+            opt.step()
+            balancer.step()
+            timer.step_begins()
+        dist.barrier()
+        epochs.append({"epoch_s": time.perf_counter() - t, "plan": plan_used,
+                       "busy_ms": 1000 * statistics.median(timer.busy_s[1:] or timer.busy_s),
+                       "busy_all_ms": [1000 * b for b in timer.busy_s]})
+    out = {"rank": rank, "epochs": epochs, "start_s": start_s, "paper_rates": rates,
+           "decisions": [h["decision"] for h in balancer.history]}
+    Path(cfg["out_dir"], f"rank{rank}.json").write_text(json.dumps(out))
+    dist.barrier()
+    dist.destroy_process_group()
+    # Not a normal exit: Gloo's threads sometimes abort the interpreter's teardown (torch 2.13:
+    # "terminate called without an active exception"), after the record is written.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------------------
+# The driver.
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(cfg: Dict[str, Any], shares: Optional[Sequence[float]], period_us: int) -> List[Dict]:
+    """Runs one job of ``len(cfg["slowdowns"])`` ranks; returns each rank's record."""
+    world = len(cfg["slowdowns"])
+    with tempfile.TemporaryDirectory() as out_dir:
+        cfg = dict(cfg, out_dir=out_dir)
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+        groups = CpuQuotaGroups(shares, period_us).create() if shares else None
+        procs = []
+        try:
+            for rank in range(world):
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "hvd_balance.tools.torch_bench", "--worker",
+                     json.dumps(cfg)], env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank))))
+                if groups is not None:
+                    groups.add_process(rank, procs[-1].pid)
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            if groups is not None:
+                groups.remove()
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise RuntimeError(f"{cfg['strategy']} job: ranks {failed} failed "
+                               f"(exit codes {[procs[r].returncode for r in failed]})")
+        return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def summarize(jobs: List[Dict[str, Any]], global_batch: int) -> List[Dict[str, Any]]:
+    """One row per strategy: steady epoch s, plans, speedup, share of ideal, efficiency."""
+    rows = []
+    uniform_rates = None
+    for strategy in STRATEGIES:
+        mine = [j for j in jobs if j["strategy"] == strategy]
+        if not mine:
+            continue
+        epoch_s, busy, eff, plans = [], [], [], []
+        for j in mine:
+            per_epoch = list(zip(*[r["epochs"] for r in j["ranks"]]))[1:]  # steady epochs
+            for ranks in per_epoch:
+                epoch_s.append(ranks[0]["epoch_s"])
+                busy.append([r["busy_ms"] for r in ranks])
+                eff.append(statistics.mean(busy[-1]) / max(busy[-1]))
+                plans.append(ranks[0]["plan"])
+        row = {"strategy": strategy, "epoch_s": statistics.median(epoch_s),
+               "epoch_s_all": epoch_s, "plans": plans, "efficiency": statistics.median(eff),
+               "busy_ms": [statistics.median(b[k] for b in busy) for k in range(len(busy[0]))],
+               "start_s": statistics.median(j["ranks"][0]["start_s"] for j in mine)}
+        if strategy == "uniform":
+            local = global_batch // len(row["busy_ms"])
+            uniform_rates = [local / (b / 1000) for b in row["busy_ms"]]
+            row["samples_per_s"] = uniform_rates
+        rows.append(row)
+    base = next((r for r in rows if r["strategy"] == "uniform"), None)
+    for row in rows:
+        if base is not None:
+            row["speedup"] = base["epoch_s"] / row["epoch_s"]
+            row["share_of_ideal"] = share_of_ideal(row["speedup"], uniform_rates)
+    return rows
+
+
+def table(rows: List[Dict[str, Any]]) -> str:
+    lines = ["| strategy | local batches (last steady epoch) | epoch s (median) | speedup | "
+             "share of ideal | efficiency | start s |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['strategy']} | {', '.join(map(str, r['plans'][-1]))} | "
+                     f"{r['epoch_s']:.2f} | {r.get('speedup', float('nan')):.2f}x | "
+                     f"{r.get('share_of_ideal', float('nan')):.3f} | {r['efficiency']:.3f} | "
+                     f"{r['start_s']:.2f} |")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hvd_balance.tools.torch_bench",
+                                description=__doc__.split("\n\n")[0])
+    emulation = p.add_mutually_exclusive_group(required=True)
+    emulation.add_argument("--shares", help="CPU cores per rank, a cgroup quota each (root), "
+                                            "e.g. 1.0,0.25")
+    emulation.add_argument("--slowdown", help="compute slowdown per rank, e.g. 1,4")
+    p.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="the quotas' period")
+    p.add_argument("--model", default="cnn", choices=("cnn", "tiny"))
+    p.add_argument("--strategies", default=",".join(STRATEGIES))
+    p.add_argument("--reps", type=int, default=3, help="repetitions of every strategy")
+    p.add_argument("--epochs", type=int, default=4, help="epochs a job (the first is not steady)")
+    p.add_argument("--global-batch", type=int, default=512, help="B, samples a step")
+    p.add_argument("--samples", type=int, default=25600, help="training samples")
+    p.add_argument("--out", help="JSON file for every job's records and the summary")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:
+        _worker(json.loads(argv[1]))
+        return 0
+    args = _parser().parse_args(argv)
+    strategies = args.strategies.split(",")
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        raise SystemExit(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}")
+    shares = parse_cpu_shares(args.shares) if args.shares else None
+    slowdowns = parse_slowdowns(args.slowdown) if args.slowdown else (1.0,) * len(shares)
+    world = len(slowdowns)
+    cores = tuple(sorted(os.sched_getaffinity(0)))
+    loads = shares if shares else [1.0 / k for k in slowdowns]
+    cfg = {"model": args.model, "global_batch": args.global_batch, "samples": args.samples,
+           "epochs": args.epochs, "slowdowns": list(slowdowns),
+           "cores": [list(c) for c in assign_cores([min(1.0, s) for s in (shares or [1.0] * world)],
+                                                    cores, loads)]}
+    jobs = []
+    for rep in range(args.reps):
+        for strategy in strategies:
+            t = time.perf_counter()
+            ranks = run_job(dict(cfg, strategy=strategy), shares, args.period_us)
+            jobs.append({"strategy": strategy, "rep": rep, "ranks": ranks})
+            print(f"rep {rep} {strategy}: epochs "
+                  f"{[round(e['epoch_s'], 2) for e in ranks[0]['epochs']]} s, plans "
+                  f"{[e['plan'] for e in ranks[0]['epochs']]} ({time.perf_counter() - t:.0f} s)",
+                  flush=True)
+    rows = summarize(jobs, args.global_batch)
+    print(table(rows))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"args": vars(args), "config": cfg, "jobs": jobs,
+                                              "summary": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The torch benchmark's smoke job (support.launch.run_command: hard timeout, ranks killed)."""
+
+import json
+import os
+
+from support.launch import PYTHON, run_command
+
+
+def test_torch_bench_plans_less_for_the_slowed_rank_and_writes_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    run = run_command([PYTHON, "-m", "hvd_balance.tools.torch_bench", "--model", "tiny",
+                       "--slowdown", "1,3", "--reps", "1", "--epochs", "2", "--samples", "2048",
+                       "--global-batch", "64", "--out", out], env=dict(os.environ), timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:]
+    summary = {row["strategy"]: row for row in json.loads(out.read_text())["summary"]}
+    assert sorted(summary) == ["balanced", "proportional", "uniform"]
+    assert summary["uniform"]["plans"][-1] == [32, 32]
+    for name in ("proportional", "balanced"):
+        plan = summary[name]["plans"][-1]
+        assert sum(plan) == 64 and plan[0] > plan[1] >= 1, (name, plan)
+        assert 0 < summary[name]["share_of_ideal"] and summary[name]["speedup"] > 0
+    # rank 1 waits twice its compute: its rate in the uniform jobs is below rank 0's
+    rates = summary["uniform"]["samples_per_s"]
+    assert rates[1] < 0.9 * rates[0], rates
+    assert "| balanced |" in run.stdout
