@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .bench.figures import share_of_ideal
+from .bench.worker import make_data
 from .emulate import (DEFAULT_PERIOD_US, CpuQuotaGroups, assign_cores, parse_cpu_shares,
                       parse_slowdowns)
 
@@ -122,7 +123,6 @@ def _paper_rate(model, timer: _Timer, shape, batch: int) -> float:
 def _worker(cfg: Dict[str, Any]) -> None:
     import datetime
 
-    import numpy as np
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -138,10 +138,8 @@ def _worker(cfg: Dict[str, Any]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     shape, model = _model(cfg["model"])
-    rng = np.random.default_rng(0)  # the TensorFlow benchmark's data: a fixed linear map's argmax
-    x = rng.standard_normal((cfg["samples"],) + shape, dtype=np.float32)
-    w = rng.standard_normal((int(np.prod(shape)), 10), dtype=np.float32)
-    data = TensorDataset(torch.from_numpy(x), torch.from_numpy(np.argmax(x.reshape(len(x), -1) @ w, 1)))
+    x, y = make_data(shape, cfg["samples"], seed=0)  # the TensorFlow benchmark's data
+    data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long())
     torch.manual_seed(0)
     timer = _Timer(model, cfg["slowdowns"][rank])
     B, strategy = cfg["global_batch"], cfg["strategy"]
