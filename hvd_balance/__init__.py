@@ -46,6 +46,11 @@ def __getattr__(name):
     import importlib
 
     if name in _LAZY:
+        keras_edge = importlib.import_module(".keras", __name__)  # refuses an unsupported backend
+        if keras_edge.keras_backend() == "torch":
+            if name not in keras_edge.__all__:  # Keras on torch: its own names only
+                raise AttributeError(f"hvd_balance.{name} is on Keras's TensorFlow backend only")
+            return getattr(keras_edge, name)
         return getattr(importlib.import_module(f".keras.{_LAZY[name]}", __name__), name)
     if name in _LAZY_MODULES:
         return importlib.import_module(f".{_LAZY_MODULES[name]}", __name__)

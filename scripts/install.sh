@@ -89,11 +89,14 @@ if [ "$stack" = torch ]; then
   # The CPU build (no CUDA libraries, ~200 MB instead of ~2.5 GB): first as a local version from
   # the configured index, else from PyTorch's own CPU index. HVD_BALANCE_GPU=1: PyPI's CUDA build.
   TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+  # Keras (pure Python) for hvd_balance.keras on Keras's torch backend (KERAS_BACKEND=torch).
+  KERAS_VERSION=3.15.1
   torch_deps=("numpy>=1.26" "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "psutil>=5"
-              "scikit-learn>=1.5" wheel setuptools)
-  torch_ok() { "$vpy" - "$TORCH_VERSION" <<'PY' 2>/dev/null
-import sys, numpy, yaml, pytest, pytest_timeout, psutil, sklearn, torch
-sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] and torch.distributed.is_available() else 1)
+              "scikit-learn>=1.5" "keras==$KERAS_VERSION" wheel setuptools)
+  torch_ok() { "$vpy" - "$TORCH_VERSION" "$KERAS_VERSION" <<'PY' 2>/dev/null
+import importlib.metadata as m, sys, numpy, yaml, pytest, pytest_timeout, psutil, sklearn, torch
+sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] and torch.distributed.is_available()
+         and m.version("keras") == sys.argv[2] else 1)
 PY
   }
   if ! torch_ok; then

@@ -1,4 +1,5 @@
-"""The one place where Keras 2 and Keras 3 differ, and every private Horovod or Keras attribute.
+"""The one place where Keras 2 and Keras 3 differ, and every private Horovod or Keras attribute
+of the TensorFlow edge (Keras on torch uses one, in ``torch_backend/sync_batch_norm.py``).
 
 hvd_balance runs on three stacks: TensorFlow 2.15 with Keras 2, TensorFlow 2.21 with tf-keras
 (Keras 2, ``TF_USE_LEGACY_KERAS=1``) and TensorFlow 2.21 with Keras 3. Everything else in the
@@ -14,8 +15,6 @@ Horovod's TensorFlow ops before the update (:func:`_keras3_distributed_optimizer
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import warnings
 from typing import Callable, List, NamedTuple, Optional, Sequence
@@ -23,37 +22,23 @@ from typing import Callable, List, NamedTuple, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-
-def _requested_keras_backend() -> Optional[str]:
-    """The backend Keras 3 will load: ``KERAS_BACKEND``, else ``keras.json``'s, else None."""
-    if os.environ.get("KERAS_BACKEND"):
-        return os.environ["KERAS_BACKEND"]
-    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    try:
-        with open(os.path.join(home, "keras.json")) as f:
-            return json.load(f).get("backend")
-    except (OSError, ValueError, AttributeError):
-        return None
+from .backend_choice import keras_backend
 
 
-def check_backend(backend: Optional[str] = None) -> None:
-    """Refuse a Keras backend other than TensorFlow's (Horovod's collectives are TensorFlow
-    ops). Runs before ``tf.keras`` is first touched: Keras 3 on another backend may not even
-    import inside TensorFlow.
+def check_backend() -> None:
+    """Refuse any Keras backend but TensorFlow's here: this module is the TensorFlow edge
+    (``hvd_balance.keras`` binds :mod:`.torch_backend` under ``KERAS_BACKEND=torch``). Runs
+    before ``tf.keras`` is first touched: Keras 3 on another backend may not even import
+    inside TensorFlow.
 
     Raises:
-        ImportError: naming the backend and how to select TensorFlow's.
+        ImportError: naming the backend and what to set instead.
     """
-    if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 16):
-        return  # Keras 2.15, TensorFlow only, whatever KERAS_BACKEND says (with tf-keras, Keras 3
-        # is installed too and Horovod's Keras module imports it: refused there as well)
-    backend = backend or _requested_keras_backend()
-    if backend and backend != "tensorflow":
+    if keras_backend() != "tensorflow":
         raise ImportError(
-            f"hvd_balance needs Keras's TensorFlow backend, but Keras is set to {backend!r} "
-            f"(KERAS_BACKEND={os.environ.get('KERAS_BACKEND', '')!r}, or ~/.keras/keras.json). "
-            "Set KERAS_BACKEND=tensorflow before Python starts, then run again: Horovod's "
-            "collectives are TensorFlow ops, and JAX or PyTorch models cannot use them")
+            "hvd_balance.keras.compat is the TensorFlow edge, but Keras runs on torch "
+            "(KERAS_BACKEND=torch): use `import hvd_balance.keras as hvd`, which binds the torch "
+            "backend's names, or set KERAS_BACKEND=tensorflow")
 
 
 check_backend()

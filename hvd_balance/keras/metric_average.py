@@ -2,39 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
 from . import collective
+from ..core.metric_average import weighted_average
 from .data import BalancedData
 from .optimizer import gradient_weight_of
 from .stop_agreement import StopAgreementMixin
 
 
-def weighted_average(logs: Dict[str, float], train_samples: float, val_samples: float,
-                     name: str) -> Dict[str, float]:
-    """Replace each metric by ``sum_i n_i m_i / sum_i n_i`` over ranks (one allreduce).
-
-    ``n_i`` is ``val_samples`` for keys starting with ``val_`` and ``train_samples`` for the
-    others. Keys are taken in sorted order, so every rank reduces the same vector.
-    """
-    keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-    if not keys:
-        return dict(logs)
-    n = np.array([val_samples if k.startswith("val_") else train_samples for k in keys], dtype=np.float64)
-    v = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-    if collective.size() > 1:
-        import horovod.tensorflow as hvd
-        total = hvd.allreduce(tf.constant(np.concatenate([v * n, n])), op=hvd.Sum, name=name).numpy()
-    else:
-        total = np.concatenate([v * n, n])
-    out = dict(logs)
-    sums, counts = total[: len(keys)], total[len(keys):]
-    for k, s, c in zip(keys, sums, counts):
-        out[k] = float(s / c) if c > 0 else float(logs[k])
-    return out
+def _sum_over_ranks(vector: np.ndarray) -> np.ndarray:
+    if collective.size() == 1:
+        return vector
+    import horovod.tensorflow as hvd
+    return hvd.allreduce(tf.constant(vector), op=hvd.Sum, name="hvd_balance.metric_average").numpy()
 
 
 class WeightedMetricAverage(StopAgreementMixin, tf.keras.callbacks.Callback):
@@ -91,4 +75,4 @@ class WeightedMetricAverage(StopAgreementMixin, tf.keras.callbacks.Callback):
         else:
             train = self._weight
         val = self._val if self._val is not None else train
-        logs.update(weighted_average(logs, train, val, name="hvd_balance.metric_average"))
+        logs.update(weighted_average(logs, train, val, _sum_over_ranks))

@@ -152,6 +152,27 @@ def all_reduce_sum(tensor: torch.Tensor, timed: bool = False) -> torch.Tensor:
     return out
 
 
+def broadcast_tensors(tensors: List[torch.Tensor], src: int = 0) -> List[torch.Tensor]:
+    """Rank ``src``'s values of ``tensors`` (the same shapes and dtypes on every rank), as new
+    tensors on each tensor's device: one broadcast per dtype and device, staged through host
+    memory where :func:`needs_staging` says so."""
+    if not is_distributed():
+        return [t.detach().clone() for t in tensors]
+    out: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    for (dtype, device), members in groups.items():  # the same order on every rank
+        flat = torch.cat([tensors[i].detach().reshape(-1) for i in members])
+        staged = needs_staging(flat)
+        buffer = flat.to("cpu") if staged else flat
+        dist.broadcast(buffer, src=src)
+        flat = buffer.to(device) if staged else buffer
+        for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
+            out[i] = piece.view_as(tensors[i])
+    return out  # type: ignore[return-value]
+
+
 def allgather_object(value: Any) -> List[Any]:
     """``value`` of every rank, in rank order (picklable objects)."""
     if not is_distributed():

@@ -83,6 +83,10 @@ class LoadBalancer:
         verbose: 1 logs the plan table on rank 0 at each change, 0 is silent.
         controller: the decision maker (default ``Controller(threshold)``); anything with
             ``next(plan, window) -> (decision, controller)``.
+        telemetry: the :class:`StepTelemetry` of a gradient sum the caller runs itself and
+            weights itself (Keras's optimizer on the torch backend,
+            :mod:`hvd_balance.keras.torch_backend`): no hook is registered and the model need
+            not be DDP. Default: the hook's own.
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
@@ -113,12 +117,15 @@ class LoadBalancer:
 
     def __init__(self, model: torch.nn.Module, sampler: BalancedBatchSampler, *, plan=None,
                  rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
-                 save_plan: Optional[str] = None, verbose: int = 1, controller=None):
+                 save_plan: Optional[str] = None, verbose: int = 1, controller=None,
+                 telemetry: Optional[StepTelemetry] = None):
         self.model, self.sampler = model, sampler
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
         self.history: List[Dict[str, Any]] = []
-        self.telemetry = StepTelemetry()
+        # The caller sums the gradients (and weights the loss) when it brings its telemetry.
+        self._caller_sums = telemetry is not None
+        self.telemetry = telemetry if telemetry is not None else StepTelemetry()
         if plan is None and os.environ.get(PLAN_ENV):
             plan = os.environ[PLAN_ENV]
         if rebalance is None:
@@ -137,7 +144,7 @@ class LoadBalancer:
                 raise ValueError(f"the sampler is for rank {sampler.rank} of {sampler.world_size}, "
                                  f"this process is rank {self.rank} of {self.world_size}")
             ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-            if self.world_size > 1 and not ddp:
+            if self.world_size > 1 and not ddp and not self._caller_sums:
                 raise TypeError("with several ranks the model must be wrapped in "
                                 "torch.nn.parallel.DistributedDataParallel; got "
                                 f"{type(model).__name__}")
@@ -147,7 +154,8 @@ class LoadBalancer:
             "hvd_balance.torch.LoadBalancer", global_batch_size=sampler.global_batch_size,
             num_samples=sampler.num_samples, seed=sampler.seed, trainable_parameters=params)
 
-        self._hooked = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        self._hooked = (isinstance(model, torch.nn.parallel.DistributedDataParallel)
+                        and not self._caller_sums)
         if self._hooked:
             model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
             distributed.watch_buffer_broadcasts(model)  # a leave replays them too (stop.py)
@@ -181,8 +189,9 @@ class LoadBalancer:
         self._pending_apply: Optional[int] = None  # a decided plan's first step, not reached yet
         self._save(start)
         self._report(start, "start")
+        # Every step runs a gradient sum the guard can replay: the hook's, or the caller's.
         self._guard = (stop_guard.StopGuard(sampler, lambda: (sampler.epoch, self._current_step()))
-                       if self._hooked and self.world_size > 1 else None)
+                       if (self._hooked or self._caller_sums) and self.world_size > 1 else None)
 
     def _make_controller(self):
         return Controller(threshold=self._threshold)

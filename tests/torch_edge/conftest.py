@@ -7,14 +7,3 @@ import pytest
 collect_ignore = ["rank_scripts"]
 
 torch = pytest.importorskip("torch.distributed", reason="the torch stack (HVD_BALANCE_STACK=torch)")
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "torch: the PyTorch edge (hvd_balance.torch); runs on "
-                                       "the torch stack: bash scripts/test.sh with HVD_BALANCE_STACK=torch")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if "tests/torch_edge/" in str(item.fspath).replace("\\", "/"):
-            item.add_marker(pytest.mark.torch)

@@ -1,0 +1,253 @@
+"""``hvd.callbacks`` on Keras's torch backend: broadcast, weighted metrics, the load balancer.
+
+The :class:`LoadBalancer` callback drives :class:`hvd_balance.torch.LoadBalancer` (windows,
+the core controller, plan files, the mid-epoch stop) from Keras's hooks; the optimizer's
+gradient sum feeds its telemetry and the optimizer's loss weight takes its plan.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional, Union
+
+import keras
+import numpy as np
+import torch
+
+from ...core.controller import DEFAULT_THRESHOLD
+from ...core.metric_average import weighted_average
+from ...torch import distributed
+from ...torch.load_balancer import LoadBalancer as TorchLoadBalancer
+from .data import BalancedData
+from .optimizer import gradient_weight_of, telemetry_of
+
+# The TensorFlow LoadBalancer's keywords this backend does not have (benchmarking at start,
+# memory caps, other planners): named in the error instead of "unexpected keyword".
+_TENSORFLOW_ONLY = ("validation_data", "method", "max_batch_size", "min_batch_size", "benchmark",
+                    "benchmark_batches", "repeats")
+
+
+def _sum_over_ranks(vector: np.ndarray) -> np.ndarray:
+    return distributed.all_reduce_sum(torch.from_numpy(vector)).numpy()
+
+
+def _balancer_of(model) -> Optional[TorchLoadBalancer]:
+    return getattr(getattr(model, "optimizer", None), "hvd_balance_load_balancer", None)
+
+
+def _settle_stop(model, steps_done: Optional[int], steps: Optional[int]) -> None:
+    """At an epoch's end: a rank whose loop ended early because ``model.stop_training`` was
+    set tells the others and completes their step (:mod:`hvd_balance.torch.stop`); once any
+    rank left, this one stops too. Before any collective of the epoch's end."""
+    balancer = _balancer_of(model)
+    if balancer is None:
+        return
+    if balancer.stopped is None and model.stop_training and steps_done is not None \
+            and steps is not None and steps_done < steps:
+        balancer.stop("model.stop_training was set: TerminateOnNaN or a callback of its own")
+    if balancer.stopped is not None:
+        model.stop_training = True
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Give every rank root's weights and optimizer state before the first step.
+
+    Args:
+        root_rank: the rank whose variables every rank takes.
+        device: accepted for Horovod's signature.
+
+    Example:
+        ```python
+        model.fit(data, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        ```
+    """
+
+    def __init__(self, root_rank: int, device: str = ""):
+        super().__init__()
+        self.root_rank, self.device = int(root_rank), device
+        self.broadcast_done = False
+
+    def on_train_begin(self, logs=None):
+        # Keras builds the model and the optimizer before this hook (fit's symbolic build).
+        self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._broadcast()
+
+    def _broadcast(self) -> None:
+        if self.broadcast_done:
+            return
+        optimizer = getattr(self.model, "optimizer", None)
+        variables = list(self.model.variables)
+        if optimizer is not None and optimizer.built:
+            variables += list(optimizer.variables)
+        values = distributed.broadcast_tensors([v.value for v in variables], src=self.root_rank)
+        for v, value in zip(variables, values):
+            v.assign(value)
+        self.broadcast_done = True
+
+
+class WeightedMetricAverage(keras.callbacks.Callback):
+    """Average epoch metrics across ranks, weighting each rank by the samples it saw.
+
+    Every scalar in the epoch logs becomes ``sum_i n_i m_i / sum_i n_i`` (``n_i``: rank
+    i's samples), the mean over the global epoch. Place it before callbacks that read the
+    logs.
+
+    Args:
+        data: the training :class:`BalancedData` (its plans give ``n_i``); default: the
+            optimizer's weight ``b_i / B``, proportional to ``n_i``.
+        validation_data: a validation :class:`BalancedData`; default: the training weights.
+
+    Example:
+        ```python
+        model.fit(data, callbacks=[hvd.LoadBalancer(data), hvd.WeightedMetricAverage(data)])
+        ```
+    """
+
+    def __init__(self, data: Optional[BalancedData] = None,
+                 validation_data: Optional[BalancedData] = None):
+        super().__init__()
+        self.data, self.validation_data = data, validation_data
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._steps_done = 0
+        self._epoch = epoch
+        weight = gradient_weight_of(getattr(self.model, "optimizer", None))
+        self._weight = weight.get() if weight is not None else 1.0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps_done += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        steps = self.data.steps if self.data is not None else None
+        _settle_stop(self.model, getattr(self, "_steps_done", None), steps)
+        if logs is None:
+            return
+        train = float(self.data.local_samples(self._epoch)) if self.data is not None else self._weight
+        val = (float(self.validation_data.local_samples(0)) if self.validation_data is not None
+               else train)
+        logs.update(weighted_average(logs, train, val, _sum_over_ranks))
+
+
+class MetricAverageCallback(WeightedMetricAverage):
+    """Horovod's ``MetricAverageCallback``: epoch metrics averaged over ranks, each rank
+    weighted by its samples (:class:`WeightedMetricAverage` with the optimizer's weights)."""
+
+    def __init__(self, device: str = ""):
+        super().__init__()
+        self.device = device
+
+
+class LoadBalancer(keras.callbacks.Callback):
+    """Give every rank a local batch sized to its speed, so all ranks finish each step together.
+
+    The torch backend's :class:`hvd_balance.LoadBalancer`: it times every step through the
+    :func:`DistributedOptimizer`'s gradient sum, and at each window (the first steps, then
+    each epoch end or every ``K`` steps) the core controller keeps, switches or reverts the
+    plan; every rank applies it at the same step, to ``data`` and to its loss weight. A rank
+    whose loop ends mid-epoch (``TerminateOnNaN``) ends every rank's epoch after the step it is
+    in; at each epoch end the ranks agree on ``model.stop_training`` (place callbacks that stop
+    training, such as ``EarlyStopping``, before this one).
+
+    Args:
+        data: the :class:`BalancedData` that ``fit`` trains on.
+        plan: optional :class:`~hvd_balance.Plan`, plan dict or YAML path to start from.
+            Default: ``$HVD_BALANCE_PLAN`` if set.
+        rebalance: ``"epoch"``, an int ``K`` (every ``K`` steps) or ``"off"``. Default:
+            ``"off"`` with a given plan, else ``"epoch"``.
+        threshold: the controller's margin over the measured noise (fraction of the step).
+        save_plan: optional YAML path rank 0 writes each plan to.
+        verbose: 1 prints the plan table on rank 0 at each change.
+
+    Attributes:
+        plan, history, stopped: :class:`hvd_balance.torch.LoadBalancer`'s.
+
+    Example:
+        ```python
+        data = hvd.BalancedData(x, y, global_batch_size=256)
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=...)
+        model.fit(data, epochs=5, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hvd.LoadBalancer(data)])
+        ```
+    """
+
+    def __init__(self, data: BalancedData, plan=None, *, rebalance: Union[str, int, None] = None,
+                 threshold: float = DEFAULT_THRESHOLD, save_plan: Optional[str] = None,
+                 verbose: int = 1, **tensorflow_only):
+        super().__init__()
+        for key in tensorflow_only:
+            if key not in _TENSORFLOW_ONLY:
+                raise TypeError(f"LoadBalancer got an unexpected keyword argument {key!r}")
+            raise TypeError(f"LoadBalancer({key}=...) is on the TensorFlow backend only; drop it "
+                            "on Keras's torch backend")
+        if not isinstance(data, BalancedData):
+            raise TypeError(f"data must be a hvd_balance.keras.BalancedData; got "
+                            f"{type(data).__name__}")
+        self.data, self.given_plan = data, plan
+        self.options = {"rebalance": rebalance, "threshold": threshold, "save_plan": save_plan,
+                        "verbose": verbose}
+        self.balancer: Optional[TorchLoadBalancer] = None
+
+    @property
+    def plan(self):
+        return None if self.balancer is None else self.balancer.plan
+
+    @property
+    def history(self):
+        return [] if self.balancer is None else self.balancer.history
+
+    @property
+    def stopped(self):
+        return None if self.balancer is None else self.balancer.stopped
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+
+        def check():
+            if gradient_weight_of(optimizer) is None or telemetry_of(optimizer) is None:
+                raise TypeError("LoadBalancer needs the model compiled with "
+                                "hvd.DistributedOptimizer(..., telemetry=True); got "
+                                f"{type(optimizer).__name__}")
+        distributed.all_ok(check, "hvd_balance.keras.LoadBalancer")
+        self._agreed, self._last_epoch = False, None
+        self.balancer = TorchLoadBalancer(self.model, self.data.batch_sampler, plan=self.given_plan,
+                                          telemetry=telemetry_of(optimizer), **self.options)
+        optimizer.hvd_balance_load_balancer = self.balancer  # the metric average settles stops too
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.data.set_epoch(epoch)
+        self._steps_done = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        gradient_weight_of(self.model.optimizer).set(self.balancer.weight)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.balancer.step()
+        self._steps_done += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        _settle_stop(self.model, self._steps_done, self.data.steps)
+        if self.balancer.stopped is not None:
+            return  # every rank is out: a mid-epoch stop, settled
+        flags = distributed.allgather_object(bool(self.model.stop_training))
+        if any(flags) and not all(flags):
+            stopping = [r for r, f in enumerate(flags) if f]
+            if distributed.rank() == 0:
+                print(f"hvd_balance: rank(s) {stopping} stopped training at the end of epoch "
+                      f"{epoch}; every rank stops there", file=sys.stdout, flush=True)
+        self.model.stop_training = any(flags)
+        self._agreed, self._last_epoch = self.model.stop_training, epoch
+
+    def on_train_end(self, logs=None):
+        optimizer = self.model.optimizer
+        if getattr(optimizer, "hvd_balance_load_balancer", None) is self.balancer:
+            optimizer.hvd_balance_load_balancer = None
+        last = self.params.get("epochs", 0) - 1
+        if self.model.stop_training and not self._agreed and self.balancer.stopped is None \
+                and self._last_epoch is not None and self._last_epoch < last:
+            raise RuntimeError(
+                f"rank {distributed.rank()}: model.stop_training was set after the "
+                "LoadBalancer's epoch-end agreement (by a callback after it in the list), so the "
+                "other ranks go on training and would wait for this one: place callbacks that "
+                "stop training (EarlyStopping) before hvd.LoadBalancer")
