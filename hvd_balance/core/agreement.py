@@ -19,3 +19,8 @@ def disagreements(gathered: Sequence[Dict[str, Any]]) -> Optional[str]:
             problems.append(f"{key} differs across ranks: " +
                             ", ".join(f"rank {i}: {v!r}" for i, v in enumerate(seen)))
     return "; ".join(problems) or None
+
+
+class StopMismatchError(RuntimeError):
+    """Some ranks ended ``fit`` while others began another epoch (each edge raises it on
+    every rank at once, naming both)."""

@@ -40,16 +40,13 @@ import weakref
 from typing import Dict, List, Optional
 
 from . import collective, compat, stop_notice
+from ..core.agreement import StopMismatchError
 
 # Seconds a rank that found another one missing (joined) waits for that rank's note.
 NOTE_WAIT_S = 5.0
 # How many fits this process has begun: a note names its fit, so a late one stops no other.
 _fits = 0
 _fits_lock = threading.Lock()
-
-
-class StopMismatchError(RuntimeError):
-    """Some ranks ended ``fit`` while others began another epoch."""
 
 
 # The last stop in the middle of an epoch this process took part in: the first rank to stop,

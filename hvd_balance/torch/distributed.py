@@ -123,12 +123,13 @@ def collective_seconds() -> float:
     return _collective_s
 
 
-def all_reduce_sum(tensor: torch.Tensor, timed: bool = False) -> torch.Tensor:
+def all_reduce_sum(tensor: torch.Tensor, timed: bool = False, in_step: bool = True) -> torch.Tensor:
     """The element-wise sum of ``tensor`` over all ranks (a new tensor on ``tensor``'s device).
 
     With ``timed``, the seconds from the call to the result being back are added to
     :func:`collective_seconds` (an accelerator's pending work is waited for first, so it
-    counts as compute).
+    counts as compute). ``in_step=False``: a sum outside any training step (an epoch's
+    metrics), which the watcher is not told of.
     """
     global _collective_s
     if not is_distributed():
@@ -138,12 +139,14 @@ def all_reduce_sum(tensor: torch.Tensor, timed: bool = False) -> torch.Tensor:
     start = time.perf_counter()
     if needs_staging(tensor):
         host = tensor.detach().to("cpu", copy=True)
-        entering(host)
+        if in_step:
+            entering(host)
         dist.all_reduce(host, op=dist.ReduceOp.SUM)
         out = host.to(tensor.device)
     else:
         out = tensor.detach().clone()
-        entering(out)
+        if in_step:
+            entering(out)
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
     if timed:
         if out.device.type == "cuda":

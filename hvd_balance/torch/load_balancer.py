@@ -97,7 +97,8 @@ class LoadBalancer:
         ValueError: ranks that disagree on the global batch, the data set's size, the seed
             or the model's parameter count; a bad plan file or dict.
         PlanMismatchError: a plan for another world size, global batch or host order.
-        TypeError: a model that is not ``DistributedDataParallel`` with several ranks.
+        TypeError: a model that is not ``DistributedDataParallel`` with several ranks (and
+            no ``telemetry``).
 
     Example:
         ```python
@@ -227,6 +228,18 @@ class LoadBalancer:
             self._guard.stop(str(reason))
         else:
             self.sampler.halt()
+
+    @property
+    def steps_done(self) -> int:
+        """Steps of the sampler's current pass this rank has completed (``step()`` calls)."""
+        return self._current_step()
+
+    def pass_done(self) -> None:
+        """This rank's loop ended its pass of the sampler: if a rank left mid-epoch, this one
+        says it is out too, so the rank that left stops waiting for it (a rank whose sampler
+        refused a batch has said so already)."""
+        if self._guard is not None and self._guard.first is not None:
+            self._guard.halted(self.sampler.laid_out)
 
     @property
     def stopped(self) -> Optional[Dict[str, Any]]:

@@ -53,7 +53,9 @@ def test_keras_on_torch_bad_input_fails_on_every_rank_naming_the_value(tmp_path)
                     "- {local_batch: 70}\n- {local_batch: -6}\n")
     for args, message in [(["bad_batch"], "global_batch_size differs across ranks: rank 0: 64, "
                                           "rank 1: 48"),
-                          (["plan", path], "ranks[1].local_batch must be an integer >= 1; got -6")]:
+                          (["plan", path], "ranks[1].local_batch must be an integer >= 1; got -6"),
+                          (["bad_steps"], "fit runs 5 steps an epoch (steps_per_epoch) but the "
+                                          "data has 24")]:
         run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=args)
         results = run.results()
         assert sorted(results) == [0, 1], run.stdout[-3000:]
@@ -71,20 +73,24 @@ def test_keras_on_torch_load_balancer_moves_work_off_a_slowed_rank():
     assert results[0]["steps"] == results[1]["steps"] == [24, 24, 24]
 
 
-def test_keras_on_torch_stop_training_mid_epoch_on_one_rank_stops_every_rank_there():
+@pytest.mark.parametrize("step", [6, 23])
+def test_keras_on_torch_stop_training_mid_epoch_on_one_rank_stops_every_rank_there(step):
+    # 23 of 24: the other rank may finish its epoch without meeting the stop in a step
     start = time.monotonic()
-    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["nan", "1"])
-    assert time.monotonic() - start < 60
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["nan", "1", step])
+    assert time.monotonic() - start < 30  # nobody waits for an answer (45 s)
     assert run.returncode == 0, run.stdout[-3000:]
     results = run.results()
     why = "model.stop_training was set: TerminateOnNaN or a callback of its own"
-    assert results[1]["steps"] == [6] and results[0]["steps"] in ([6], [7]), results
+    assert results[1]["steps"] == [step] and results[0]["steps"] in ([step], [step + 1]), results
     for rank in (0, 1):
         assert results[rank]["error"] is None
-        assert results[rank]["stopped"] == {"rank": 1, "epoch": 0, "step": 6, "steps": 24,
+        assert results[rank]["stopped"] == {"rank": 1, "epoch": 0, "step": step, "steps": 24,
                                             "why": why}
-    assert f"hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its 24 steps ({why})" \
-        in run.stdout
+        assert (f"hvd_balance: rank 1 left its training loop in epoch 0 after {step} of its 24 "
+                f"steps ({why}); every rank stops there") in run.stdout
+        assert f"[rank {rank}]" in run.stdout
+    assert "did not answer" not in run.stdout
 
 
 def test_keras_on_torch_stop_training_at_an_epoch_end_on_one_rank_stops_every_rank_there():
@@ -93,3 +99,14 @@ def test_keras_on_torch_stop_training_at_an_epoch_end_on_one_rank_stops_every_ra
     results = run.results()
     assert results[0]["steps"] == results[1]["steps"] == [24]
     assert "hvd_balance: rank(s) [0] stopped training at the end of epoch 0" in run.stdout
+
+
+def test_keras_on_torch_stop_training_by_a_callback_after_the_balancer_fails_every_rank_at_once():
+    start = time.monotonic()
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["late", "0"])
+    assert time.monotonic() - start < 60
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    for r in results.values():
+        assert r["error"].startswith("StopMismatchError: rank(s) [0] ended fit after epoch 0 while "
+                                     "rank(s) [1] began another epoch"), r

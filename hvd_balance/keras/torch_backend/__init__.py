@@ -94,7 +94,7 @@ def allreduce(value, name=None, average=None, op=None):
     if op not in (None, Average, Sum):
         raise ValueError(f"op={op!r}: hvd.Average or hvd.Sum on the torch backend")
     array = np.asarray(value)
-    total = distributed.all_reduce_sum(torch.as_tensor(array)).numpy()
+    total = distributed.all_reduce_sum(torch.as_tensor(array), in_step=False).numpy()
     summing = op == Sum or (op is None and average is False)
     return total if summing else total / size()
 

@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import torch
 
+from ...core.agreement import StopMismatchError
 from ...core.controller import DEFAULT_THRESHOLD
 from ...core.metric_average import weighted_average
 from ...torch import distributed
@@ -28,25 +29,45 @@ _TENSORFLOW_ONLY = ("validation_data", "method", "max_batch_size", "min_batch_si
 
 
 def _sum_over_ranks(vector: np.ndarray) -> np.ndarray:
-    return distributed.all_reduce_sum(torch.from_numpy(vector)).numpy()
+    return distributed.all_reduce_sum(torch.from_numpy(vector), in_step=False).numpy()
 
 
 def _balancer_of(model) -> Optional[TorchLoadBalancer]:
     return getattr(getattr(model, "optimizer", None), "hvd_balance_load_balancer", None)
 
 
-def _settle_stop(model, steps_done: Optional[int], steps: Optional[int]) -> None:
-    """At an epoch's end: a rank whose loop ended early because ``model.stop_training`` was
-    set tells the others and completes their step (:mod:`hvd_balance.torch.stop`); once any
-    rank left, this one stops too. Before any collective of the epoch's end."""
+def _settle_stop(model) -> None:
+    """At an epoch's end, before any collective of it: a rank whose loop ended early because
+    ``model.stop_training`` was set tells the others and completes their step
+    (:mod:`hvd_balance.torch.stop`); once any rank left, this one says it is out and stops."""
     balancer = _balancer_of(model)
     if balancer is None:
         return
-    if balancer.stopped is None and model.stop_training and steps_done is not None \
-            and steps is not None and steps_done < steps:
+    if balancer.stopped is None and model.stop_training \
+            and balancer.steps_done < balancer.sampler.steps:
         balancer.stop("model.stop_training was set: TerminateOnNaN or a callback of its own")
     if balancer.stopped is not None:
+        balancer.pass_done()
         model.stop_training = True
+
+
+def _check_optimizer(model, who: str) -> None:
+    """On every rank, the same error unless the model trains with hvd.DistributedOptimizer
+    itself (a LossScaleOptimizer around it would drop the loss weight and skip the sum on
+    the ranks whose own gradients overflow)."""
+    optimizer = getattr(model, "optimizer", None)
+
+    def check():
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise TypeError(
+                f"{who}: the model's optimizer is a LossScaleOptimizer (a mixed_float16 policy "
+                "makes compile wrap it), whose finite check would skip the gradient sum on "
+                "some ranks only; compile with auto_scale_loss=False or train in float32 or "
+                "bfloat16")
+        if gradient_weight_of(optimizer) is None:
+            raise TypeError(f"{who} needs the model compiled with hvd.DistributedOptimizer; "
+                            f"got {type(optimizer).__name__}")
+    distributed.all_ok(check, f"hvd_balance.keras.{who}")
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -69,6 +90,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         # Keras builds the model and the optimizer before this hook (fit's symbolic build).
+        optimizer = getattr(self.model, "optimizer", None)
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            _check_optimizer(self.model, "BroadcastGlobalVariablesCallback")
         self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -111,20 +135,18 @@ class WeightedMetricAverage(keras.callbacks.Callback):
         self.data, self.validation_data = data, validation_data
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._steps_done = 0
         self._epoch = epoch
-        weight = gradient_weight_of(getattr(self.model, "optimizer", None))
-        self._weight = weight.get() if weight is not None else 1.0
+        self._weights = 0.0  # the sum of the steps' weights b_i / B: proportional to n_i
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps_done += 1
+        weight = gradient_weight_of(getattr(self.model, "optimizer", None))
+        self._weights += weight.get() if weight is not None else 1.0
 
     def on_epoch_end(self, epoch, logs=None):
-        steps = self.data.steps if self.data is not None else None
-        _settle_stop(self.model, getattr(self, "_steps_done", None), steps)
+        _settle_stop(self.model)
         if logs is None:
             return
-        train = float(self.data.local_samples(self._epoch)) if self.data is not None else self._weight
+        train = float(self.data.local_samples(self._epoch)) if self.data is not None else self._weights
         val = (float(self.validation_data.local_samples(0)) if self.validation_data is not None
                else train)
         logs.update(weighted_average(logs, train, val, _sum_over_ranks))
@@ -202,32 +224,38 @@ class LoadBalancer(keras.callbacks.Callback):
         return None if self.balancer is None else self.balancer.stopped
 
     def on_train_begin(self, logs=None):
+        _check_optimizer(self.model, "LoadBalancer")
         optimizer = self.model.optimizer
 
         def check():
-            if gradient_weight_of(optimizer) is None or telemetry_of(optimizer) is None:
-                raise TypeError("LoadBalancer needs the model compiled with "
-                                "hvd.DistributedOptimizer(..., telemetry=True); got "
-                                f"{type(optimizer).__name__}")
+            if telemetry_of(optimizer) is None:
+                raise TypeError("LoadBalancer needs hvd.DistributedOptimizer(..., telemetry=True)")
+            steps = (self.params or {}).get("steps")
+            if steps is not None and steps != self.data.steps:
+                raise ValueError(f"fit runs {steps} steps an epoch (steps_per_epoch) but the data "
+                                 f"has {self.data.steps} (samples // global batch); drop "
+                                 "steps_per_epoch: an epoch is one pass of the BalancedData")
         distributed.all_ok(check, "hvd_balance.keras.LoadBalancer")
-        self._agreed, self._last_epoch = False, None
+        self._first_epoch = self._epoch = None
         self.balancer = TorchLoadBalancer(self.model, self.data.batch_sampler, plan=self.given_plan,
                                           telemetry=telemetry_of(optimizer), **self.options)
         optimizer.hvd_balance_load_balancer = self.balancer  # the metric average settles stops too
 
     def on_epoch_begin(self, epoch, logs=None):
+        if self._first_epoch is None:
+            self._first_epoch = epoch
+        else:
+            self._meet("begin", epoch)
         self.data.set_epoch(epoch)
-        self._steps_done = 0
 
     def on_train_batch_begin(self, batch, logs=None):
         gradient_weight_of(self.model.optimizer).set(self.balancer.weight)
 
     def on_train_batch_end(self, batch, logs=None):
         self.balancer.step()
-        self._steps_done += 1
 
     def on_epoch_end(self, epoch, logs=None):
-        _settle_stop(self.model, self._steps_done, self.data.steps)
+        _settle_stop(self.model)
         if self.balancer.stopped is not None:
             return  # every rank is out: a mid-epoch stop, settled
         flags = distributed.allgather_object(bool(self.model.stop_training))
@@ -237,17 +265,25 @@ class LoadBalancer(keras.callbacks.Callback):
                 print(f"hvd_balance: rank(s) {stopping} stopped training at the end of epoch "
                       f"{epoch}; every rank stops there", file=sys.stdout, flush=True)
         self.model.stop_training = any(flags)
-        self._agreed, self._last_epoch = self.model.stop_training, epoch
+        self._epoch = epoch
 
     def on_train_end(self, logs=None):
         optimizer = self.model.optimizer
         if getattr(optimizer, "hvd_balance_load_balancer", None) is self.balancer:
             optimizer.hvd_balance_load_balancer = None
-        last = self.params.get("epochs", 0) - 1
-        if self.model.stop_training and not self._agreed and self.balancer.stopped is None \
-                and self._last_epoch is not None and self._last_epoch < last:
-            raise RuntimeError(
-                f"rank {distributed.rank()}: model.stop_training was set after the "
-                "LoadBalancer's epoch-end agreement (by a callback after it in the list), so the "
-                "other ranks go on training and would wait for this one: place callbacks that "
-                "stop training (EarlyStopping) before hvd.LoadBalancer")
+        self._meet("end", self._epoch)
+
+    def _meet(self, kind: str, epoch: Optional[int]) -> None:
+        """Every rank says whether it ends ``fit`` or begins ``epoch``: a rank that a callback
+        after this one stopped (at an epoch's end, on its own) and the ranks going on meet
+        here, in one collective, and all raise :class:`StopMismatchError` at once."""
+        said = distributed.allgather_object((kind, epoch))
+        ending = [r for r, (k, _) in enumerate(said) if k == "end"]
+        if ending and len(ending) < len(said):
+            going = [r for r in range(len(said)) if r not in ending]
+            where = next(e for k, e in said if k == "end")
+            raise StopMismatchError(
+                f"rank(s) {ending} ended fit after epoch {where} while rank(s) {going} began "
+                "another epoch: a callback after hvd.LoadBalancer in the list set "
+                "model.stop_training on some ranks only; place EarlyStopping (and any callback "
+                "that stops training) before hvd.LoadBalancer, so the ranks agree")

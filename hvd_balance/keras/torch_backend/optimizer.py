@@ -11,8 +11,10 @@ optimizer class that changes those two calls::
 so the update is ``sum_i (b_i / B) grad L_i``: the gradient of the mean loss over the global
 batch, what one process on it computes. The loss is weighted, not the gradients, so the
 gradient flowing back through a :class:`SyncBatchNormalization`'s sum over the ranks is the
-global one too (the argument of :mod:`hvd_balance.torch.sync_batch_norm`). Until a plan is
-applied the weight is ``1 / size``: Horovod's average.
+global one too (the argument of :mod:`hvd_balance.torch.sync_batch_norm`). Until the
+:class:`~hvd_balance.keras.torch_backend.callbacks.LoadBalancer` sets it each step from the
+plan, the weight is ``1 / size``: Horovod's average, which is the global batch's mean only
+when every rank's batch is the same.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ _HOROVOD_DEFAULTS = {"compression": None, "sparse_as_dense": False, "backward_pa
 
 class GradientWeight:
     """This rank's loss weight ``b_i / B`` (a number in (0, 1]); a plain object, so it is not
-    saved with the optimizer."""
+    saved with the optimizer. Until :meth:`set`, ``1 / size`` of the group at the time."""
 
-    def __init__(self, value: float):
-        self.value = float(value)
+    def __init__(self):
+        self.value: Optional[float] = None
 
     def set(self, value: float) -> None:
         value = float(value)
@@ -47,7 +49,7 @@ class GradientWeight:
         self.value = value
 
     def get(self) -> float:
-        return self.value
+        return 1.0 / distributed.world_size() if self.value is None else self.value
 
 
 def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool = True,
@@ -124,7 +126,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
                                         "__qualname__": base.__qualname__,
                                         "__doc__": base.__doc__, "_hvd_balance_reduces": True})
     wrapped = cls.from_config(optimizer.get_config())
-    wrapped.gradient_weight = GradientWeight(1.0 / distributed.world_size())
+    wrapped.gradient_weight = GradientWeight()
     wrapped.telemetry = timer
     return wrapped
 

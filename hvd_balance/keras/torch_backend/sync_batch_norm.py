@@ -70,6 +70,6 @@ def convert_sync_batchnorm(model):
             return SyncBatchNormalization.from_config(config)
         return layer.__class__.from_config(config)
 
-    copy = keras.models.clone_model(model, clone_function=clone)
+    copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
     copy.set_weights(model.get_weights())
     return copy

@@ -5,9 +5,13 @@ Usage: torchrun --nproc-per-node N train.py MODE [ARG]
                every 6 steps; emits the plans.
   die          rank 1 SIGKILLs itself at step 5; the others go on training.
   bad_batch    ranks disagree on the global batch (64 on rank 0, 48 elsewhere).
+  bad_steps    fit(steps_per_epoch=5), the data having 24.
   plan FILE    LoadBalancer(plan=FILE).
-  nan R        rank R's callback sets model.stop_training after step 6 (as TerminateOnNaN).
-  early R      rank R sets model.stop_training at the end of epoch 0 (as EarlyStopping).
+  nan R [S]    rank R's callback sets model.stop_training after step S (default 6) (as
+               TerminateOnNaN); MetricAverageCallback comes before the LoadBalancer.
+  early R      rank R sets model.stop_training at the end of epoch 0 (as EarlyStopping),
+               its callback placed before the LoadBalancer.
+  late R       the same, its callback placed after the LoadBalancer.
 Each rank emits {"rank", "error", "plans", "steps", "stopped"}: the error as "<type>: <message>"
 or null, the steps each epoch ran, LoadBalancer.stopped.
 """
@@ -50,12 +54,12 @@ class Fault(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         steps[-1] += 1
-        if mode == "nan" and rank == int(arg) and batch == 5:
+        if mode == "nan" and rank == int(arg) and batch + 1 == int((sys.argv[3:] or [6])[0]):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
         plans.append(list(balancer.plan.batch_sizes))
-        if mode == "early" and rank == int(arg):
+        if mode in ("early", "late") and rank == int(arg):
             self.model.stop_training = True
 
 
@@ -65,8 +69,13 @@ try:
     data = hvd.BalancedData(x, y, global_batch_size=B, seed=0)
     balancer = hvd.LoadBalancer(data, plan=arg if mode == "plan" else None, verbose=0,
                                 rebalance=6 if mode == "slow" else None)
-    model.fit(data, epochs=3 if mode in ("slow", "early") else 1, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Fault(), balancer])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), Fault(), balancer]
+    if mode == "nan":
+        callbacks.insert(2, hvd.callbacks.MetricAverageCallback())
+    if mode == "late":
+        callbacks.append(callbacks.pop(1))
+    model.fit(data, epochs=3 if mode in ("slow", "early", "late") else 1, verbose=0,
+              steps_per_epoch=5 if mode == "bad_steps" else None, callbacks=callbacks)
 except (ValueError, TypeError, RuntimeError) as err:
     error = f"{type(err).__name__}: {err}"
 emit({"rank": rank, "error": error, "plans": plans, "steps": steps,
