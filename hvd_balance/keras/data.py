@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import collective
+from ..core.inputs import as_arrays, sample_count
 from ..core.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -40,23 +41,6 @@ log = logging.getLogger(__name__)
 # (an error on the main thread) gets here, and a pipeline thread blocked forever would keep
 # the process from exiting.
 HOLD_TIMEOUT_S = 300.0
-
-
-def _length(name: str, value) -> int:
-    if isinstance(value, dict):
-        lengths = {k: len(v) for k, v in value.items()}
-        if not lengths:
-            raise ValueError(f"{name} is an empty dict")
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f"the inputs in {name} have different lengths: {lengths}")
-        return next(iter(lengths.values()))
-    return len(value)
-
-
-def _as_arrays(value):
-    if isinstance(value, dict):
-        return {k: np.asarray(v) for k, v in value.items()}
-    return np.asarray(value)
 
 
 def _take(value, index: np.ndarray):
@@ -112,18 +96,15 @@ class BalancedData(tf.data.Dataset):
         self._stream = _stream
         self.rank = collective.rank() if rank is None else int(rank)
         self.world_size = collective.size() if world_size is None else int(world_size)
-        n = _length("x", x)
-        if y is not None and _length("y", y) != n:
-            raise ValueError(
-                f"features and labels differ in length: len(x)={n}, len(y)={_length('y', y)}")
+        n = sample_count(x, y)
         if isinstance(global_batch_size, bool) or not float(global_batch_size).is_integer():
             raise ValueError(f"global_batch_size must be an integer; got {global_batch_size!r}")
         if n < global_batch_size:
             raise ValueError(
                 f"the data set has {n} samples, fewer than one global batch "
                 f"(global_batch_size={global_batch_size})")
-        self.x = _as_arrays(x)
-        self.y = None if y is None else _as_arrays(y)
+        self.x = as_arrays(x)
+        self.y = None if y is None else as_arrays(y)
         self.num_samples = n
         self.seed = int(seed)
         self.shuffle = bool(shuffle)

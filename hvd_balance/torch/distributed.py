@@ -155,25 +155,39 @@ def all_reduce_sum(tensor: torch.Tensor, timed: bool = False, in_step: bool = Tr
     return out
 
 
+def _per_dtype(tensors: List[torch.Tensor], collective: Callable[[torch.Tensor], torch.Tensor]
+               ) -> List[torch.Tensor]:
+    """``collective(flat)`` once per dtype and device, on those tensors flattened into one,
+    split back into new tensors shaped as ``tensors`` (groups in the same order on every rank)."""
+    out: List[Optional[torch.Tensor]] = [None] * len(tensors)
+    groups: dict = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    for members in groups.values():
+        flat = collective(torch.cat([tensors[i].detach().reshape(-1) for i in members]))
+        for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
+            out[i] = piece.view_as(tensors[i])
+    return out  # type: ignore[return-value]
+
+
+def all_reduce_sum_tensors(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Each of ``tensors`` summed over all ranks (new tensors): one :func:`all_reduce_sum` per
+    dtype and device."""
+    return _per_dtype(tensors, all_reduce_sum)
+
+
 def broadcast_tensors(tensors: List[torch.Tensor], src: int = 0) -> List[torch.Tensor]:
     """Rank ``src``'s values of ``tensors`` (the same shapes and dtypes on every rank), as new
     tensors on each tensor's device: one broadcast per dtype and device, staged through host
     memory where :func:`needs_staging` says so."""
     if not is_distributed():
         return [t.detach().clone() for t in tensors]
-    out: List[Optional[torch.Tensor]] = [None] * len(tensors)
-    groups: dict = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.dtype, t.device), []).append(i)
-    for (dtype, device), members in groups.items():  # the same order on every rank
-        flat = torch.cat([tensors[i].detach().reshape(-1) for i in members])
-        staged = needs_staging(flat)
-        buffer = flat.to("cpu") if staged else flat
+
+    def broadcast(flat: torch.Tensor) -> torch.Tensor:
+        buffer = flat.to("cpu") if needs_staging(flat) else flat
         dist.broadcast(buffer, src=src)
-        flat = buffer.to(device) if staged else buffer
-        for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
-            out[i] = piece.view_as(tensors[i])
-    return out  # type: ignore[return-value]
+        return buffer.to(flat.device)
+    return _per_dtype(tensors, broadcast)
 
 
 def allgather_object(value: Any) -> List[Any]:

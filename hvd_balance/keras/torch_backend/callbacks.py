@@ -89,19 +89,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs=None):
-        # Keras builds the model and the optimizer before this hook (fit's symbolic build).
-        optimizer = getattr(self.model, "optimizer", None)
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            _check_optimizer(self.model, "BroadcastGlobalVariablesCallback")
-        self._broadcast()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._broadcast()
-
-    def _broadcast(self) -> None:
+        # Keras on torch builds the model and the optimizer before this hook (fit's symbolic
+        # build), so there is no need to wait for the first batch as on TensorFlow.
         if self.broadcast_done:
             return
         optimizer = getattr(self.model, "optimizer", None)
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            _check_optimizer(self.model, "BroadcastGlobalVariablesCallback")
         variables = list(self.model.variables)
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
@@ -198,11 +192,11 @@ class LoadBalancer(keras.callbacks.Callback):
                  threshold: float = DEFAULT_THRESHOLD, save_plan: Optional[str] = None,
                  verbose: int = 1, **tensorflow_only):
         super().__init__()
-        for key in tensorflow_only:
-            if key not in _TENSORFLOW_ONLY:
-                raise TypeError(f"LoadBalancer got an unexpected keyword argument {key!r}")
+        if tensorflow_only:
+            key = next(iter(tensorflow_only))
             raise TypeError(f"LoadBalancer({key}=...) is on the TensorFlow backend only; drop it "
-                            "on Keras's torch backend")
+                            "on Keras's torch backend" if key in _TENSORFLOW_ONLY else
+                            f"LoadBalancer got an unexpected keyword argument {key!r}")
         if not isinstance(data, BalancedData):
             raise TypeError(f"data must be a hvd_balance.keras.BalancedData; got "
                             f"{type(data).__name__}")

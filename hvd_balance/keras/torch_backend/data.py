@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import torch.utils.data
 
+from ...core.inputs import as_arrays, sample_count
 from ...core.plan import Plan
 from ...torch.sampler import BalancedBatchSampler
 
@@ -21,15 +22,6 @@ from ...torch.sampler import BalancedBatchSampler
 # BalancedData shuffles globally itself (same permutation on every rank), so it is noise.
 warnings.filterwarnings("ignore", message="`shuffle=True` was passed, but will be ignored since the "
                         "data `x` was provided as a torch DataLoader", category=UserWarning)
-
-
-def _length(name: str, value) -> int:
-    if isinstance(value, dict):
-        lengths = {k: len(v) for k, v in value.items()}
-        if len(set(lengths.values())) != 1:
-            raise ValueError(f"the arrays of {name} differ in length: {lengths}")
-        return next(iter(lengths.values()))
-    return len(value)
 
 
 def _take(value, index: np.ndarray):
@@ -42,11 +34,12 @@ class _Arrays(torch.utils.data.Dataset):
     """Features (an array or a dict of arrays) and optional labels, read a batch at a time."""
 
     def __init__(self, x, y=None):
-        self.x = {k: np.asarray(v) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x)
-        self.y = None if y is None else np.asarray(y)
+        self.num_samples = sample_count(x, y)
+        self.x = as_arrays(x)
+        self.y = None if y is None else as_arrays(y)
 
     def __len__(self) -> int:
-        return _length("x", self.x)
+        return self.num_samples
 
     def __getitem__(self, i):
         return self.__getitems__([i])
@@ -92,9 +85,6 @@ class BalancedData(torch.utils.data.DataLoader):
         if isinstance(x, torch.utils.data.Dataset) and y is None:
             dataset, collate = x, loader_kwargs.pop("collate_fn", None)
         else:
-            if y is not None and _length("y", y) != _length("x", x):
-                raise ValueError(f"features and labels differ in length: len(x)={_length('x', x)}, "
-                                 f"len(y)={_length('y', y)}")
             dataset, collate = _Arrays(x, y), _whole_batch
         sampler = BalancedBatchSampler(dataset, global_batch_size, seed=seed, shuffle=shuffle,
                                        rank=rank, world_size=world_size)

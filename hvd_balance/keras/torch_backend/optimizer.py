@@ -132,18 +132,13 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, telemetry: bool 
 
 
 def _sum_over_ranks(grads, timer: Optional[StepTelemetry]):
-    """``grads`` summed over the ranks in one collective per dtype; ``timer`` marks the moment
-    every local gradient is ready and the moment the sums are back."""
-    flat = torch.cat([g.reshape(-1) for g in grads]) if len({g.dtype for g in grads}) == 1 else None
+    """``grads`` summed over the ranks; ``timer`` marks the moment every local gradient is
+    ready and the moment the sums are back."""
     if timer is not None:
         if grads[0].device.type == "cuda":
             torch.cuda.current_stream(grads[0].device).synchronize()  # the backward is compute
         timer.mark_ready()
-    if flat is not None:
-        out = distributed.all_reduce_sum(flat).split([g.numel() for g in grads])
-        out = [o.view_as(g) for o, g in zip(out, grads)]
-    else:
-        out = [distributed.all_reduce_sum(g) for g in grads]
+    out = distributed.all_reduce_sum_tensors(grads)
     if timer is not None:
         timer.mark_end()
     return out
