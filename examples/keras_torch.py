@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported
 
@@ -77,6 +78,11 @@ def main():
                            "local_batches": batches, "history": h, "same_weights": same_weights},
                           f, indent=1)
     hvd.shutdown()
+    # torch 2.13's Gloo threads can abort the interpreter's exit now and then, with or
+    # without hvd_balance ("terminate called without an active exception"; pytorch PR 179291):
+    # the group is down and the output written, so leave at once.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
