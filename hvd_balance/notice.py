@@ -1,46 +1,68 @@
-"""A note to every other rank, out of band, on a UDP socket: framework-free.
+"""A note to every other rank, out of band, on an authenticated datagram channel: framework-free.
 
 Both edges tell the other ranks "this rank stopped training, here, for this reason" with it
 (:mod:`hvd_balance.keras.stop_notice`, :mod:`hvd_balance.torch.stop`), since the ranks are
-waiting in a collective that would need a collective every step to carry the news. One UDP
-socket per process; the caller exchanges the addresses once (its own collective) and calls
-:meth:`Board.start`; a note is sent to every peer at once and again every ``RESEND_S`` until
-withdrawn (UDP may drop one), and a receiving thread hands each peer's note to the
-listeners. Costs nothing on a step: no thread wakes while nobody posts.
+waiting in a collective that would need a collective every step to carry the news.
+:func:`open_board` opens the channel (:mod:`hvd_balance.channel`: signed, checked, bound to the
+peers' addresses) over the caller's allgather; a note is sent to every peer at once and again
+every ``RESEND_S`` until withdrawn (UDP may drop one), and a receiving thread hands each peer's
+note to the listeners once it passed the channel's checks and :func:`check_note`'s schema.
+Costs nothing on a step: no thread wakes while nobody posts.
 """
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
+
+from .channel import Channel, integer, matches, open_channel, optional, printable, text
 
 # Seconds between re-sends of a posted note: a dropped datagram costs the peers at most this.
 RESEND_S = 0.5
 # Seconds a note is re-sent at most: the peers have either stopped or failed by then.
 RESEND_FOR_S = 120.0
 
+_COUNT = integer(0, 2 ** 31)  # an epoch, a step or a number of them
+_LEFT = {"epoch": _COUNT, "step": _COUNT, "steps": _COUNT, "why": text()}
+# Every field a note carries: the TensorFlow edge's (fit, epoch, batch, steps, why) and the torch
+# edge's (gen, left, bound, in, epoch); a field outside these makes the note invalid.
+_NOTE = {"rank": _COUNT, "fit": integer(1, 2 ** 31), "gen": integer(1, 2 ** 31), "epoch": _COUNT,
+         "batch": optional(integer(-1, 2 ** 31)), "steps": _COUNT, "why": text(),
+         "left": lambda v: matches(v, _LEFT, _LEFT), "bound": optional(_COUNT),
+         "in": lambda v: isinstance(v, list) and len(v) <= 1024 and all(map(_COUNT, v))}
 
-def own_addresses() -> List[str]:
-    """This host's IPv4 addresses, loopback last: a peer on another host sends to each, since
-    which one reaches this host depends on the network between them."""
-    try:
-        import psutil  # Horovod's own dependency
 
-        found = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-                 if a.family == socket.AF_INET]
-    except Exception:  # noqa: BLE001 - no psutil, or no interfaces to read: the host name
-        try:
-            found = socket.gethostbyname_ex(socket.gethostname())[2]
-        except OSError:
-            found = []
-    return sorted(set(found), key=lambda a: (a.startswith("127."), a))
+def check_note(note: Any, sender: int) -> bool:
+    """Whether ``note`` is a well-formed note of rank ``sender``: known fields only, each of its
+    type and range, texts printable and short."""
+    return matches(note, _NOTE, ("rank",)) and note["rank"] == sender
+
+
+def _printable(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    return {k: _printable(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+
+def open_board(rank: int, size: int, gather: Callable[[Any], List[Any]]) -> "Board":
+    """A started board for this rank (a collective: ``gather`` is the framework's allgather of
+    a picklable value, and every rank calls this at the same point)."""
+    board = Board(open_channel("notice", rank, size, gather, check_note))
+    board.start()
+    return board
 
 
 class Board:
     """Notes between the ranks of one job: :meth:`post` this rank's, :meth:`listen` for the
-    others'. A note is a dict with at least ``rank``."""
+    others'. A note is a dict with at least ``rank`` (see :func:`check_note`)."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self.notes: Dict[int, Dict] = {}  # rank -> the latest note heard from it
+        self._listeners: List[Callable[[Dict], None]] = []
+        self._posted: Optional[Dict] = None
+        self._withdrawn = threading.Event()
+        self._lock = threading.Lock()
 
     def describe(self) -> str:
         """The ranks that stopped mid-epoch, where and why, from the notes received."""
@@ -48,20 +70,7 @@ class Board:
                          f"{n.get('batch')} ({n.get('why')})" for k, n in sorted(self.notes.items())
                          ) or "its note did not come"
 
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("0.0.0.0", 0))
-        self.port = self.sock.getsockname()[1]
-        self.addresses = own_addresses()
-        self.targets: List[Tuple[str, int]] = []
-        self.notes: Dict[int, Dict] = {}  # rank -> the latest note heard from it
-        self._listeners: List[Callable[[Dict], None]] = []
-        self._posted: Optional[Dict] = None
-        self._withdrawn = threading.Event()
-        self._lock = threading.Lock()
-
-    def start(self, targets: List[Tuple[str, int]]) -> None:
-        self.targets = targets
+    def start(self) -> None:
         threading.Thread(target=self._receive, name="hvd_balance.stop_notice", daemon=True).start()
 
     def listen(self, listener: Callable[[Dict], None]) -> None:
@@ -75,11 +84,15 @@ class Board:
                 self._listeners.remove(listener)
 
     def post(self, note: Dict) -> None:
-        """Send ``note`` to every peer now, and again every ``RESEND_S`` until :meth:`withdraw`."""
+        """Send ``note`` to every peer now, and again every ``RESEND_S`` until :meth:`withdraw`.
+        Its texts are made printable first; a field outside the schema raises ``ValueError``."""
+        note = _printable(note)
+        if not check_note(note, self.channel.rank):
+            raise ValueError(f"hvd_balance: a stop note outside its schema: {note!r}")
         self.withdraw()
-        self._posted, self._withdrawn = dict(note), threading.Event()
-        self._send(self._posted)
-        threading.Thread(target=self._resend, args=(self._posted, self._withdrawn),
+        self._posted, self._withdrawn = note, threading.Event()
+        self.channel.send(note)
+        threading.Thread(target=self._resend, args=(note, self._withdrawn),
                          name="hvd_balance.stop_notice.post", daemon=True).start()
 
     def withdraw(self) -> None:
@@ -105,30 +118,21 @@ class Board:
         finally:
             self.unlisten(check)
 
-    def _send(self, note: Dict) -> None:
-        data = json.dumps(note).encode()[:60000]
-        for target in self.targets:
-            try:
-                self.sock.sendto(data, target)
-            except OSError:
-                pass  # no route: the agreement's epoch-end check still finds the stopped rank
-
     def _resend(self, note: Dict, withdrawn: threading.Event) -> None:
         for _ in range(int(RESEND_FOR_S / RESEND_S)):
             if withdrawn.wait(RESEND_S):
                 return
-            self._send(note)
+            self.channel.send(note)
 
     def _receive(self) -> None:
         while True:
             try:
-                data, _ = self.sock.recvfrom(65536)
-                note = json.loads(data)
-                rank = int(note["rank"])
-            except (OSError, ValueError, KeyError, TypeError):
-                if self.sock.fileno() < 0:
-                    return
+                received = self.channel.receive()
+            except (OSError, ValueError):  # the channel was closed
+                return
+            if received is None:
                 continue
+            rank, note = received
             with self._lock:
                 self.notes[rank] = note
                 listeners = list(self._listeners)

@@ -144,6 +144,8 @@ class StopAgreement:
     def _report(self, notes: List[Dict]) -> None:
         global last_mid_epoch_stop
         stopped = [n for n in notes if not n.get("follows")]
+        if not stopped:  # the same gathered notes on every rank: all of them stop, none named
+            return
         first = min(stopped, key=lambda n: (n["epoch"], n["batch"], n["rank"]))
         ranks = [n["rank"] for n in stopped if (n["epoch"], n["batch"]) == (first["epoch"], first["batch"])]
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"

@@ -2,12 +2,11 @@
 
 A rank whose ``fit`` stops in the middle of an epoch cannot tell the others through Horovod:
 they wait in the next step's allreduce, and a collective would have to be added to every step
-to carry the news. This board carries it beside Horovod instead: one UDP socket per process,
-the addresses exchanged once (:func:`open_board`, a collective), a note sent to every peer at
-once and again every ``RESEND_S`` until withdrawn (UDP may drop one), and a receiving thread
-that hands each peer's note to the listeners (the stop agreement sets ``stop_training``).
-Costs nothing on a step: no thread wakes while nobody stops. The board itself is
-:mod:`hvd_balance.notice` (framework-free, the torch edge's too); this module opens it over Horovod.
+to carry the news. This board carries it beside Horovod instead, on an authenticated datagram
+channel whose secret and addresses travel once over Horovod (:func:`open_board`, a
+collective); each peer's note reaches the listeners (the stop agreement sets
+``stop_training``). The board itself is :mod:`hvd_balance.notice` (framework-free, the torch
+edge's too); this module opens it over Horovod.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ import threading
 from typing import Optional
 
 from . import collective
-from ..notice import RESEND_FOR_S, RESEND_S, Board, own_addresses  # noqa: F401 - re-exported
+from .. import notice
+from ..notice import RESEND_FOR_S, RESEND_S, Board  # noqa: F401 - re-exported
 
 _board: Optional["Board"] = None
 _lock = threading.Lock()
@@ -28,11 +28,8 @@ def open_board() -> "Board":
     global _board
     with _lock:
         if _board is None:
-            board = Board()
-            peers = collective.allgather_object(
-                {"addresses": board.addresses, "port": board.port}, name="hvd_balance.stop_notice")
-            board.start([(a, p["port"]) for r, p in enumerate(peers) if r != collective.rank()
-                         for a in p["addresses"]])
+            board = notice.open_board(collective.rank(), collective.size(), lambda value:
+                                      collective.allgather_object(value, name="hvd_balance.stop_notice"))
             _board = board
             collective.describe_joined = board.describe
         return _board

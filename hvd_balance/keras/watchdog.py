@@ -10,8 +10,9 @@ survivors' error is the same whatever happened, and ``horovodrun`` names the fir
 
 :func:`install` (after ``hvd.init()``) adds, on this rank:
 
-* a status file ``rank<i>.json`` (rank, host, pid, state, error, heartbeat) in a
-  directory of the job, rewritten every ``interval_s`` (0.5 s) by a daemon thread;
+* a status file ``rank<i>.json`` (rank, job, host, pid, state, error, heartbeat) in a
+  directory of the job (mode 0700, its name random), rewritten every ``interval_s`` (0.5 s)
+  by a daemon thread; a file that does not parse or is not the job's is ignored;
 * an exception hook: an uncaught error that is this rank's own writes ``failed`` with the
   error to the status file, prints ``hvd_balance: rank 1 (host, pid 123) failed:
   RuntimeError: ...`` and exits at once with status 1 (so this rank is the first to exit and
@@ -26,12 +27,12 @@ survivors' error is the same whatever happened, and ``horovodrun`` names the fir
   same message and exits with status 143; it exits earlier through the exception hook when
   its next collective fails.
 
-* a heartbeat over the network (:class:`_Channel`: a UDP datagram with the status record
-  to every peer on another host, every ``interval_s``): when no datagram has come for
-  ``lost_s`` (10 s) from a peer on another host that was heard before, its host is taken
-  as lost (link cut, host down) and the watchdog's thread prints ``hvd_balance: rank 0 (hostA, pid 120) stops: lost
-  rank 1 on hostB (pid 123): nothing heard over the network for 10 s ...`` and exits with
-  status 1, on both sides of the cut. It does not wait for the main thread, which may be
+* a heartbeat over the network (:class:`_Heartbeats`: a signed datagram with the status
+  record to every peer on another host, every ``interval_s``, on :mod:`hvd_balance.channel`):
+  when no datagram has come for ``lost_s`` (10 s) from a peer on another host that was
+  heard before, its host is taken as lost (link cut, host down) and the watchdog's thread
+  prints ``hvd_balance: rank 0 (hostA, pid 120) stops: lost rank 1 on hostB (pid 123):
+  nothing heard over the network for 10 s ...`` and exits with status 1, on both sides of the cut. It does not wait for the main thread, which may be
   blocked in a collective that only Gloo's timeout (30 s) would end, nor for the launcher,
   whose SIGTERM a blocked main thread never handles. A rank that exits normally says so
   over the channel first, so its peers stop watching it.
@@ -57,17 +58,19 @@ import atexit
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from .. import channel
 from . import collective, stop_notice
 
 DIR_ENV = "HVD_BALANCE_WATCHDOG_DIR"
@@ -166,54 +169,44 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-class _Channel:
-    """The watchdog's heartbeat over the network: a UDP socket on every rank; each rank sends
-    its status record to every peer on another host and keeps the latest record heard from
-    each, with when (monotonic seconds) it came. UDP: a lost link only makes datagrams stop,
-    it never blocks the sender."""
+# A status record's fields (the status file's and the heartbeat's), each a predicate.
+_STATES = ("running", "stopping", "failed", "terminated", "exited")
+_RECORD = {"rank": channel.integer(0, 2 ** 31), "job": channel.text(64), "host": channel.text(255),
+           "pid": channel.integer(1, 2 ** 31), "state": lambda v: isinstance(v, str) and v in _STATES,
+           "error": channel.text(), "beat": channel.integer(0, 2 ** 62), "time": channel.finite}
 
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.settimeout(0.5)
-        self.port = self.sock.getsockname()[1]
-        self.addresses = stop_notice.own_addresses()
-        self.targets: List[Tuple[str, int]] = []
+
+class _Heartbeats:
+    """The watchdog's heartbeat over the network: each rank sends its status record to every
+    peer on another host on an authenticated channel (:mod:`hvd_balance.channel`) and keeps the
+    latest record heard from each, with when (monotonic seconds). UDP: a lost link only makes
+    datagrams stop, it never blocks the sender."""
+
+    def __init__(self, link: channel.Channel):
+        self.channel = link
         self.heard: Dict[int, Tuple[Dict, float]] = {}  # rank -> (record, monotonic time)
         self.started = time.monotonic()
         self._lock = threading.Lock()
 
-    def watch(self, peers: List[Dict]) -> None:
-        """Send to ``peers`` (dicts with ``addresses`` and ``port``) from now on."""
-        self.targets = [(a, p["port"]) for p in peers for a in p["addresses"]]
+    def watch(self, ranks: List[int]) -> None:
+        """Send to ``ranks`` from now on, and keep what comes in."""
+        self.channel.aim([e for r in ranks for e in self.channel.peers.get(r, [])])
         self.started = time.monotonic()
         threading.Thread(target=self._receive, name="hvd_balance.watchdog.channel",
                          daemon=True).start()
 
     def send(self, record: Dict) -> None:
-        data = json.dumps(record).encode()[:60000]
-        for target in self.targets:
-            try:
-                self.sock.sendto(data, target)
-            except OSError:
-                pass  # no route (the link is down): the peer will notice the silence
+        self.channel.send(record)
 
     def _receive(self) -> None:
         while True:
             try:
-                data, _ = self.sock.recvfrom(65536)
-                record = json.loads(data)
-                rank = int(record["rank"])
-            except socket.timeout:
-                continue
-            except (OSError, ValueError, KeyError, TypeError):
-                if self.sock.fileno() < 0:
-                    return
-                continue
-            with self._lock:
-                old = self.heard.get(rank)
-                if old is None or record.get("beat", 0) >= old[0].get("beat", 0):
-                    self.heard[rank] = (record, time.monotonic())
+                received = self.channel.receive(0.5)
+            except (OSError, ValueError):  # closed
+                return
+            if received is not None:  # newer than the last one: the channel's counter says so
+                with self._lock:
+                    self.heard[received[0]] = (received[1], time.monotonic())
 
     def record(self, rank: int) -> Optional[Dict]:
         with self._lock:
@@ -227,6 +220,27 @@ class _Channel:
         return time.monotonic() - (entry[1] if entry else self.started)
 
 
+def _private_directory(path: str) -> bool:
+    """Make ``path`` (mode 0700) or accept the one another rank of the job made: a directory,
+    not a link, of this user, that no other user can open. ``mkdir`` is atomic, so nobody
+    can slip in between the check and the use; False (and a warning) otherwise."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(path)
+    except OSError as err:
+        logging.warning("hvd_balance.watchdog: no status files: %s", err)
+        return False
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077:
+        return True
+    logging.warning("hvd_balance.watchdog: no status files: %s is not a private directory of "
+                    "this user (mode %o, owner uid %d)", path, st.st_mode & 0o7777, st.st_uid)
+    return False
+
+
 class _Watchdog:
     def __init__(self, directory, interval_s, grace_s, term_grace_s, lost_s=10.0):
         self.interval_s = float(interval_s)
@@ -238,13 +252,17 @@ class _Watchdog:
         self.size = collective.size()
         self.host = socket.gethostname()
         self.pid = os.getpid()
-        self.channel = _Channel()
-        mine = {"rank": self.rank, "host": self.host, "pid": self.pid, "job": uuid.uuid4().hex,
-                "addresses": self.channel.addresses, "port": self.channel.port}
+        mine = {"rank": self.rank, "host": self.host, "pid": self.pid,
+                "job": secrets.token_hex(16) if self.rank == 0 else None}
         self.peers: List[Dict] = collective.allgather_object(mine, name="hvd_balance.watchdog")
+        self.job: str = self.peers[0]["job"]
         self.remote = [p for p in self.peers if p["host"] != self.host]
+        self.channel = _Heartbeats(channel.open_channel(
+            "watchdog", self.rank, self.size,
+            lambda value: collective.allgather_object(value, name="hvd_balance.watchdog.channel"),
+            self._is_record))
         base = directory or os.environ.get(DIR_ENV) or tempfile.gettempdir()
-        self.directory = os.path.join(base, f"hvd_balance-watchdog-{self.peers[0]['job']}")
+        self.directory: Optional[str] = os.path.join(base, f"hvd_balance-watchdog-{self.job}")
         self.path = os.path.join(self.directory, f"rank{self.rank}.json")
         self.state = "running"
         self.error = ""
@@ -256,11 +274,21 @@ class _Watchdog:
         self._previous_hook = None
 
     # -- status files -----------------------------------------------------------------------
+    def _record(self, state: str) -> Dict[str, Any]:
+        return {"rank": self.rank, "job": self.job, "host": self.host, "pid": self.pid,
+                "state": state, "error": self.error, "beat": self.beat, "time": time.time()}
+
+    def _is_record(self, record: Any, rank: int) -> bool:
+        """Whether ``record`` is a well-formed status record of rank ``rank`` of this job."""
+        return channel.matches(record, _RECORD, _RECORD) and record["rank"] == rank \
+            and record["job"] == self.job
+
     def _write(self) -> None:
         self.beat += 1
-        record = {"rank": self.rank, "host": self.host, "pid": self.pid, "state": self.state,
-                  "error": self.error, "beat": self.beat, "time": time.time()}
+        record = self._record(self.state)
         self.channel.send(record)
+        if self.directory is None:
+            return
         tmp = f"{self.path}.{self.pid}.tmp"
         try:
             with open(tmp, "w") as f:
@@ -270,14 +298,19 @@ class _Watchdog:
             pass  # a full or vanished disk must not take the rank down
 
     def _read(self, rank: int) -> Optional[Dict]:
-        """Peer ``rank``'s latest status: its file's or its last datagram's, the newer."""
-        try:
-            with open(os.path.join(self.directory, f"rank{rank}.json")) as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            record = None
+        """Peer ``rank``'s latest status: its file's or its last datagram's, the newer; a file
+        that does not parse or is not that rank's of this job is ignored."""
+        record = None
+        if self.directory is not None:
+            try:
+                with open(os.path.join(self.directory, f"rank{rank}.json")) as f:
+                    record = json.loads(f.read(channel.MAX_DATAGRAM))
+            except (OSError, ValueError):
+                pass
+            if not self._is_record(record, rank):
+                record = None
         heard = self.channel.record(rank)
-        if heard is not None and (record is None or heard.get("beat", 0) > record.get("beat", 0)):
+        if heard is not None and (record is None or heard["beat"] > record["beat"]):
             return heard
         return record
 
@@ -321,8 +354,9 @@ class _Watchdog:
         os._exit(EXIT_FAILED)
 
     def start(self, handle_sigterm: bool) -> None:
-        os.makedirs(self.directory, exist_ok=True)
-        self.channel.watch(self.remote)
+        if not _private_directory(self.directory):
+            self.directory = None  # the pids and the heartbeats still name a culprit
+        self.channel.watch([p["rank"] for p in self.remote])
         self._write()
         threading.Thread(target=self._beat, name="hvd_balance.watchdog", daemon=True).start()
         self._previous_hook = sys.excepthook
@@ -334,7 +368,7 @@ class _Watchdog:
 
     def _set_state(self, state: str, error: str = "") -> None:
         with self._lock:
-            self.state, self.error = state, error
+            self.state, self.error = state, channel.printable(error)
             self._write()
 
     # -- who failed ---------------------------------------------------------------------------
@@ -495,7 +529,7 @@ class _Watchdog:
         """Remove the job directory if no other rank of this host is still alive."""
         alive = [p for p in self.peers if p["host"] == self.host and p["rank"] != self.rank
                  and _process_state(p["pid"]) not in (None, "Z", "X", "x")]
-        if not alive:
+        if not alive and self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def _at_exit(self) -> None:
@@ -504,8 +538,8 @@ class _Watchdog:
             self._set_state("exited")
             for _ in range(2):  # UDP may drop one: the peers on other hosts stop watching
                 time.sleep(0.05)
-                self.channel.send({"rank": self.rank, "host": self.host, "pid": self.pid,
-                                   "state": "exited", "beat": self.beat + 1, "time": time.time()})
+                self.beat += 1
+                self.channel.send(self._record("exited"))
         if all((self._read(p["rank"]) or {}).get("state") == "exited"
                for p in self.peers if p["host"] == self.host):
             shutil.rmtree(self.directory, ignore_errors=True)

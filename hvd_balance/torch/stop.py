@@ -4,8 +4,9 @@ A rank that ``break``s out of its loop in the middle of an epoch (a NaN loss, a 
 condition) goes on living, and the others wait in the next step's allreduce until Gloo's
 timeout (30 minutes). Telling them through ``torch.distributed`` would take a collective
 every step; aborting the group does not wake a Gloo peer (measured: only the process's exit
-does). So the news travels out of band (:mod:`hvd_balance.notice`, addresses exchanged once)
-and the rank that left completes the others' step itself:
+does). So the news travels out of band (:mod:`hvd_balance.notice`: an authenticated channel,
+its secret and addresses exchanged once) and the rank that left completes the others' step
+itself:
 
 - the leave is seen without the user's help: the sampler's iterator is closed before the
   epoch's last step (a ``break`` drops the loader's iterator), or :meth:`StopGuard.stop`
@@ -55,11 +56,8 @@ def open_board() -> notice.Board:
     every rank calls it at the same point)."""
     global _board
     if _board is None:
-        board = notice.Board()
-        peers = distributed.allgather_object({"addresses": board.addresses, "port": board.port})
-        board.start([(a, p["port"]) for r, p in enumerate(peers) if r != distributed.rank()
-                     for a in p["addresses"]])
-        _board = board
+        _board = notice.open_board(distributed.rank(), distributed.world_size(),
+                                   distributed.allgather_object)
     return _board
 
 
@@ -216,8 +214,9 @@ class StopGuard:
             return  # every rank left at the same step: an ordinary end
         message = (f"hvd_balance: rank {first['rank']} left its training loop in epoch "
                    f"{where['epoch']} after {where['step']} of its {where['steps']} steps "
-                   f"({where['why']}); every rank stops there (this rank after {steps_done} steps: "
-                   f"a step it was in ends without the gradient of a rank that left) [rank {self.rank}]")
+                   f"({notice.printable(where['why'])}); every rank stops there (this rank after "
+                   f"{steps_done} steps: a step it was in ends without the gradient of a rank "
+                   f"that left) [rank {self.rank}]")
         if skipped:
             message += (f"; rank(s) {skipped} did not answer within {ANSWER_WAIT_S:.0f} s: they may "
                         "wait in a collective of their own (Gloo's timeout ends them)")

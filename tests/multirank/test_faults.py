@@ -232,14 +232,15 @@ def dog(tmp_path, monkeypatch):
 
     monkeypatch.setattr(watchdog, "_installed", None)
     dog = watchdog._Watchdog(str(tmp_path), interval_s=1.0, grace_s=0.5, term_grace_s=1.0)
-    os.makedirs(dog.directory)
+    assert watchdog._private_directory(dog.directory)
+    assert os.stat(dog.directory).st_mode & 0o777 == 0o700
     dog._write()
     return dog
 
 
 def status(dog, rank, host, pid, state="running", error="", age_s=0.0):
-    record = {"rank": rank, "host": host, "pid": pid, "state": state, "error": error,
-              "beat": 1, "time": time.time() - age_s}
+    record = {"rank": rank, "job": dog.job, "host": host, "pid": pid, "state": state,
+              "error": error, "beat": 1, "time": time.time() - age_s}
     with open(os.path.join(dog.directory, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
     return {"rank": rank, "host": host, "pid": pid}
@@ -296,6 +297,40 @@ def test_watchdog_names_failed_dead_stopped_and_silent_peers(dog):
 
 
 @pytest.mark.timeout(60)
+def test_watchdog_ignores_status_files_that_are_not_its_jobs(dog):
+    """Its directory is private (0700); a file that does not parse, or is another job's, or
+    holds another rank, or a field out of its schema, names nobody."""
+    dog.peers = [dog.peers[0], {"rank": 1, "host": "far-away-host", "pid": 1}]
+    path = os.path.join(dog.directory, "rank1.json")
+    good = {"rank": 1, "job": dog.job, "host": "far-away-host", "pid": 1, "state": "failed",
+            "error": "RuntimeError: boom", "beat": 1, "time": time.time()}
+    for bad in ["{not json", json.dumps({**good, "job": "another"}), json.dumps({**good, "rank": 2}),
+                json.dumps({**good, "error": "x\n" * 600}), json.dumps({**good, "beat": "1"}),
+                json.dumps({**good, "time": float("nan")}), json.dumps({**good, "extra": 1})]:
+        with open(path, "w") as f:
+            f.write(bad)
+        assert dog.culprits() == ([], [1]), bad
+    with open(path, "w") as f:
+        json.dump(good, f)
+    assert dog.explain(0.0) == "rank 1 failed: RuntimeError: boom"
+
+
+@pytest.mark.timeout(60)
+def test_watchdog_keeps_no_status_files_in_a_directory_others_can_open(tmp_path):
+    from hvd_balance.keras import watchdog
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert not watchdog._private_directory(str(shared))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    assert not watchdog._private_directory(str(tmp_path / "link"))
+    assert watchdog._private_directory(str(tmp_path / "new"))
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.timeout(60)
 def test_watchdog_says_when_nobody_can_be_blamed(dog):
     dog.peers = [dog.peers[0], {"rank": 1, "host": "other-host", "pid": 1}]
     text = dog.explain(0.2)
@@ -315,19 +350,27 @@ def test_watchdog_names_a_peer_on_another_host_lost_over_the_network(dog):
     """The heartbeat over UDP: a peer on another host heard once and then silent for
     ``lost_s`` is lost (with its host); one that said it exited, or never heard (UDP may be
     blocked between hosts), is not; and this rank's own status goes to its peers."""
-    from hvd_balance.keras.watchdog import _Channel
+    from hvd_balance import channel
+    from hvd_balance.keras.watchdog import _Heartbeats
 
-    far = _Channel()
+    secret = b"k" * 32
+    dog.channel = _Heartbeats(channel.Channel("watchdog", secret, 0, 3, ["127.0.0.1"],
+                                              dog._is_record))
+    far = _Heartbeats(channel.Channel("watchdog", secret, 1, 3, ["127.0.0.1"],
+                                      lambda record, rank: True))
+    mute = channel.Channel("watchdog", secret, 2, 3, ["127.0.0.1"], lambda record, rank: True)
     try:
         dog.lost_s = 1.0
-        dog.remote = [{"rank": 1, "host": "far-host", "pid": 7, "addresses": ["127.0.0.1"],
-                       "port": far.port},
-                      {"rank": 2, "host": "mute-host", "pid": 8, "addresses": ["192.0.2.1"],
-                       "port": 9}]
+        dog.remote = [{"rank": 1, "host": "far-host", "pid": 7},
+                      {"rank": 2, "host": "mute-host", "pid": 8}]
         dog.peers = [dog.peers[0], *dog.remote]
-        dog.channel.watch(dog.remote)
-        far.watch([{"addresses": ["127.0.0.1"], "port": dog.channel.port}])
-        far.send({"rank": 1, "host": "far-host", "pid": 7, "state": "running", "beat": 1})
+        dog.channel.channel.peers = {1: far.channel.endpoints, 2: mute.endpoints}
+        dog.channel.watch([1, 2])
+        far.channel.peers = {0: dog.channel.channel.endpoints}
+        far.watch([0])
+        record = {"rank": 1, "job": dog.job, "host": "far-host", "pid": 7, "state": "running",
+                  "error": "", "beat": 1, "time": time.time()}
+        far.send(record)
         _wait_for(lambda: dog.channel.record(1) is not None)
         assert dog.lost_peers() == []
         dog._write()  # this rank's status reaches the peer too
@@ -340,9 +383,10 @@ def test_watchdog_names_a_peer_on_another_host_lost_over_the_network(dog):
                         r"state running", lost[1]), lost[1]
         assert dict(dog.culprits()[0])[1].startswith("stopped responding: nothing heard over "
                                                      "the network")
-        far.send({"rank": 1, "host": "far-host", "pid": 7, "state": "exited", "beat": 2})
+        far.send({**record, "state": "exited", "beat": 2})
         _wait_for(lambda: dog.channel.record(1)["state"] == "exited")
         assert dog.lost_peers() == []
     finally:
-        far.sock.close()
-        dog.channel.sock.close()
+        far.channel.close()
+        mute.close()
+        dog.channel.channel.close()

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from support.forge import Flood
 from support.torchrun import run_torchrun
 
 SCRIPTS = "tests/torch_edge/rank_scripts/"
@@ -20,6 +21,26 @@ def test_weighted_update_equals_one_process_on_the_global_batch(sizes, syncbn):
     for rank, r in results.items():
         assert max(r["diffs"]) < 1e-5, r
         assert set(r["local_batches"]) == {int(sizes.split(",")[rank])}
+
+
+def test_forged_datagrams_change_nothing_and_print_nothing():
+    """A stranger floods the ranks' UDP ports while they train: every step runs, the update
+    stays exact, the forged text is printed nowhere; the ports listen on loopback alone."""
+    flood = Flood(size=2)
+    flood.start()
+    try:
+        run = run_torchrun(SCRIPTS + "exact_update.py", nproc=2, timeout=150, env=flood.env,
+                           args=["7,1", "flood"])
+    finally:
+        stats = flood.stop()
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert sorted(results) == [0, 1]
+    for rank, r in results.items():
+        assert len(r["diffs"]) == 40 and max(r["diffs"]) < 1e-9, r
+        assert r["dropped"] > 0, (r, stats)  # the forgeries reached the rank while it trained
+    assert stats["ports"] and {a for a, _ in stats["ports"]} == {"127.0.0.1"}, stats
+    assert "FORGED" not in run.stdout and "left its training loop" not in run.stdout
 
 
 def test_a_rank_that_dies_ends_the_job_within_60_s_naming_it():

@@ -1,13 +1,15 @@
 """The weighted update on N ranks against one process on the global batch.
 
-Usage: torchrun --nproc-per-node N exact_update.py B0,B1,... [syncbn]
-Every rank trains STEPS steps under the given plan (LoadBalancer(plan=...), DDP with the sum
+Usage: torchrun --nproc-per-node N exact_update.py B0,B1,... [syncbn] [flood]
+Every rank trains STEPS steps (flood: 40 in float64, 50 ms apart, while a test sends forged
+datagrams to its ports; it also emits how many its note board dropped) under the given plan (LoadBalancer(plan=...), DDP with the sum
 hook, loss scaled by b_i / B), and in the same process a copy of the model trains on the
 whole global batch of each step; every rank emits the largest parameter (and batch norm
 running statistic) difference after each step.
 """
 import copy
 import sys
+import time
 
 from _common import emit, finish, init
 
@@ -17,11 +19,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import hvd_balance.torch as hb
+from hvd_balance.torch import stop
 
-STEPS = 3
 rank, size = init()
 sizes = [int(b) for b in sys.argv[1].split(",")]
 syncbn = "syncbn" in sys.argv[2:]
+flood = "flood" in sys.argv[2:]
+STEPS = 40 if flood else 3
+if flood:  # float64: 40 steps stay exact to 1e-9
+    torch.set_default_dtype(torch.float64)
 B = sum(sizes)
 torch.manual_seed(0)
 x = torch.randn(STEPS * B + 3, 6)
@@ -62,5 +68,8 @@ for step, (xb, yb) in enumerate(loader):
     loss_fn(reference(x[index]), y[index]).backward()
     ref_opt.step()
     diffs.append(largest_difference())
-emit({"rank": rank, "diffs": diffs, "local_batches": local})
+    if flood:
+        time.sleep(0.05)
+emit({"rank": rank, "diffs": diffs, "local_batches": local,
+      "dropped": stop.open_board().channel.dropped})
 finish()

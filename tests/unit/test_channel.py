@@ -1,0 +1,160 @@
+"""The authenticated datagram channel (hvd_balance.channel) and the notes' schema
+(hvd_balance.notice): what passes, what is dropped, and that a drop changes nothing."""
+
+import json
+import secrets
+import threading
+import time
+
+import pytest
+
+from hvd_balance import channel, notice
+
+SECRET = b"s" * 32
+NOTE = {"rank": 1, "fit": 1, "epoch": 0, "batch": 5, "steps": 20, "why": "its loss is nan"}
+
+
+def pair(name="notice", check=notice.check_note):
+    """Ranks 0 and 1 of a 2-rank channel on loopback, aimed at each other."""
+    a = channel.Channel(name, SECRET, 0, 2, ["127.0.0.1"], check)
+    b = channel.Channel(name, SECRET, 1, 2, ["127.0.0.1"], check)
+    a.aim(b.endpoints)
+    b.aim(a.endpoints)
+    return a, b
+
+
+def test_a_genuine_datagram_arrives_with_its_sender():
+    a, b = pair()
+    try:
+        b.send(NOTE)
+        assert a.receive(5.0) == (1, NOTE)
+        assert a.dropped == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_replays_older_counters_other_keys_and_other_channels_are_dropped():
+    a = channel.Channel("notice", SECRET, 0, 2, [], notice.check_note)
+    b = channel.Channel("notice", SECRET, 1, 2, [], notice.check_note)
+    first, second = b.seal(NOTE), b.seal({**NOTE, "batch": 6})
+    assert a.open(second) == (1, {**NOTE, "batch": 6})
+    assert a.open(second) is None  # the same datagram again
+    assert a.open(first) is None   # an older counter
+    earlier_job = channel.Channel("notice", secrets.token_bytes(32), 1, 2, [], notice.check_note)
+    assert a.open(earlier_job.seal(NOTE)) is None
+    watchdog = channel.Channel("watchdog", SECRET, 1, 2, [], lambda body, sender: True)
+    assert a.open(watchdog.seal(NOTE)) is None  # signed for the other channel
+    assert a.dropped == 4
+    assert a.open(b.seal(NOTE)) == (1, NOTE)  # the sender's next note still passes
+
+
+def signed(payload: bytes) -> bytes:
+    import hashlib
+    import hmac
+
+    return hmac.new(SECRET, payload, hashlib.sha256).digest() + payload
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"not json", b"\xff" * 40, json.dumps(NOTE).encode(),             # unsigned
+    secrets.token_bytes(32) + json.dumps(["notice", 1, 9, NOTE]).encode(),  # a guessed tag
+    b"x" * (channel.MAX_DATAGRAM + 1),                                      # oversize
+    signed(b"not json"), signed(b'["notice", 1, NaN, {"rank": 1}]'),
+    signed(json.dumps(["notice", 0, 1, {**NOTE, "rank": 0}]).encode()),     # "from" this rank
+    signed(json.dumps(["notice", 2, 1, {**NOTE, "rank": 2}]).encode()),     # not in the job
+    signed(json.dumps(["notice", 1, "1", NOTE]).encode()),                  # a counter not an int
+    signed(json.dumps(["notice", 1, 1, {**NOTE, "rank": 0}]).encode()),     # speaks for another
+    signed(json.dumps({"notice": 1}).encode()),
+])
+def test_garbage_and_forgeries_are_dropped(data):
+    a = channel.Channel("notice", SECRET, 0, 2, [], notice.check_note)
+    assert a.open(data) is None
+    assert a.dropped == 1
+
+
+@pytest.mark.parametrize("note", [
+    {**NOTE, "why": "x" * (channel.MAX_TEXT + 1)},
+    {**NOTE, "why": "two\nlines"},
+    {**NOTE, "why": "\x1b[31mred"},
+    {**NOTE, "epoch": -1},
+    {**NOTE, "epoch": True},
+    {**NOTE, "epoch": 1.0},
+    {**NOTE, "batch": "5"},
+    {**NOTE, "steps": 2 ** 40},
+    {**NOTE, "extra": 1},
+    {"fit": 1},
+    {"rank": 1, "gen": 1, "left": {"epoch": 0, "step": 3, "steps": 40}},   # no reason
+    {"rank": 1, "gen": 1, "in": [3, "4"]},
+    {"rank": 1, "gen": 1, "in": list(range(2000))},
+    {"rank": 1, "gen": 0},
+    [1, 2],
+])
+def test_a_note_outside_the_schema_is_refused(note):
+    assert not notice.check_note(note, 1)
+
+
+def test_both_edges_notes_pass_the_schema():
+    assert notice.check_note(NOTE, 1)
+    assert notice.check_note({**NOTE, "batch": -1}, 1)  # stopped before its first batch
+    torch_notes = [{"rank": 1, "gen": 2, "left": {"epoch": 0, "step": 3, "steps": 40, "why": "x"},
+                    "bound": 4},
+                   {"rank": 1, "gen": 2, "bound": None, "in": [3, 4], "epoch": 0}]
+    assert all(notice.check_note(n, 1) for n in torch_notes)
+
+
+def test_printable_escapes_control_characters_and_bounds_the_length():
+    assert channel.printable("a\nb\x1b[0m\u2028") == "a\\nb\\x1b[0m\\u2028"
+    assert channel.printable("é ok") == "é ok"
+    assert len(channel.printable("y" * 10_000)) == channel.MAX_TEXT
+
+
+def test_open_channel_binds_loopback_on_one_host_and_a_post_arrives_printable():
+    """Two ranks in threads, gathering through a barrier as a framework's allgather would."""
+    gathered, barrier = {}, threading.Barrier(2)
+
+    def gather_as(rank):
+        calls = [0]
+
+        def gather(value):
+            calls[0] += 1
+            gathered[(calls[0], rank)] = value
+            barrier.wait(10)
+            out = [gathered[(calls[0], r)] for r in range(2)]
+            barrier.wait(10)
+            return out
+        return gather
+
+    boards = [None, None]
+
+    def open_as(rank):
+        boards[rank] = notice.open_board(rank, 2, gather_as(rank))
+
+    threads = [threading.Thread(target=open_as, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    a, b = boards
+    assert [e[0] for e in a.channel.endpoints + b.channel.endpoints] == ["127.0.0.1"] * 2
+    assert a.channel._secret == b.channel._secret and len(a.channel._secret) == 32
+    try:
+        got = []
+        a.listen(got.append)
+        b.post({**NOTE, "why": "loss\nis nan\x07"})
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [{**NOTE, "why": "loss\\nis nan\\x07"}]
+        with pytest.raises(ValueError, match="outside its schema"):
+            b.post({**NOTE, "epoch": "zero"})
+    finally:
+        for board in boards:
+            board.withdraw()
+            board.channel.close()
+
+
+def test_addresses_toward_skips_loopback_and_shared_addresses():
+    own = ["10.9.8.7", "127.0.0.1"]
+    # No peer address to route to: every non-loopback address of this host.
+    assert channel.addresses_toward(["127.0.0.1", "10.9.8.7"], own) == ["10.9.8.7"]
