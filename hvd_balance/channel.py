@@ -14,8 +14,8 @@ in this order:
    a copy that came by a second address, is dropped);
 3. **its body's schema**: the caller's ``check(body, sender)``, before any listener sees it.
 
-A datagram that fails a check is dropped and counted in :attr:`Channel.dropped`; nothing else
-of the job changes. Sockets bind to the addresses the peers use: ``127.0.0.1`` when every rank
+A datagram that fails a check is dropped and counted (:attr:`Channel.dropped`, or
+:attr:`Channel.repeated` for an old counter); nothing else of the job changes. Sockets bind to the addresses the peers use: ``127.0.0.1`` when every rank
 shares this host's network (same kernel, same network namespace), else the local addresses
 that route to the peers on other hosts.
 """
@@ -28,9 +28,10 @@ import json
 import math
 import os
 import secrets
-import select
+import selectors
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Bytes a datagram holds at most: a note or a status record is under 1 KB; larger is not ours.
@@ -70,8 +71,8 @@ def network_id() -> str:
 
 def addresses_toward(peer_addresses: Iterable[str], own: Sequence[str]) -> List[str]:
     """This host's addresses the kernel sends from to reach ``peer_addresses`` (the job's
-    interfaces); all of its non-loopback addresses if no route is found. A peer address this
-    host also has (a container bridge on every host) says nothing and is skipped."""
+    interfaces); else its non-loopback addresses, else ``0.0.0.0``. A peer address this host
+    also has (a container bridge on every host) says nothing and is skipped."""
     found: List[str] = []
     for address in peer_addresses:
         if address.startswith("127.") or address in own:
@@ -82,9 +83,9 @@ def addresses_toward(peer_addresses: Iterable[str], own: Sequence[str]) -> List[
                 local = probe.getsockname()[0]
         except OSError:
             continue
-        if local in own and local not in found:
+        if not local.startswith("127.") and local not in found:
             found.append(local)
-    return found or [a for a in own if not a.startswith("127.")]
+    return found or [a for a in own if not a.startswith("127.")] or ["0.0.0.0"]
 
 
 def printable(text: Any, limit: int = MAX_TEXT) -> str:
@@ -108,10 +109,12 @@ def text(limit: int = MAX_TEXT) -> Callable[[Any], bool]:
 
 
 def finite(v: Any) -> bool:
+    """A finite int or float (no NaN, no infinity)."""
     return type(v) in (int, float) and math.isfinite(v)
 
 
 def optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """``None``, or a value that passes ``check``."""
     return lambda v: v is None or check(v)
 
 
@@ -123,6 +126,10 @@ def matches(body: Any, schema: Dict[str, Callable[[Any], bool]], required: Itera
 
 
 # -- the channel -------------------------------------------------------------------------------
+
+class ChannelClosed(OSError):
+    """:meth:`Channel.receive` on a closed channel."""
+
 
 class Channel:
     """One rank's end of an authenticated datagram channel (see the module's docstring).
@@ -139,15 +146,20 @@ class Channel:
                  check: Check):
         self.name, self.rank, self.size = name, rank, size
         self._secret, self._check = secret, check
-        self.sockets = []
+        self.sockets, self._ready = [], selectors.DefaultSelector()  # epoll: any fd number
         for address in bind:
             sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sock.bind((address, 0))
             self.sockets.append(sock)
+            self._ready.register(sock, selectors.EVENT_READ)
         self.endpoints: List[Endpoint] = [s.getsockname() for s in self.sockets]
+        # Sent from a socket of its own: the kernel picks the source address for each route.
+        self._out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.targets: List[Endpoint] = []
         self.peers: Dict[int, List[Endpoint]] = {}  # rank -> its endpoints (open_channel's)
-        self.dropped = 0  # datagrams that failed a check
+        self.dropped = 0   # datagrams that failed the tag, the header or the schema
+        self.repeated = 0  # verified datagrams with an old counter: replays, second copies
+        self.closed = False
         self._last: Dict[int, int] = {}  # sender rank -> the last counter accepted from it
         self._sent = 0
         self._lock = threading.Lock()
@@ -169,17 +181,17 @@ class Channel:
         data = self.seal(body)
         for target in self.targets if targets is None else targets:
             try:
-                self.sockets[0].sendto(data, target)
+                self._out.sendto(data, target)
             except OSError:
                 pass  # no route (a link down): the receiver notices the silence
 
     def open(self, data: bytes) -> Optional[Tuple[int, Dict[str, Any]]]:
-        """``(sender, body)`` if ``data`` passes every check, else None (counted as dropped)."""
+        """``(sender, body)`` if ``data`` passes every check, else None (counted)."""
         accepted = self._open(data)
         if accepted is None:
             with self._lock:
                 self.dropped += 1
-        return accepted
+        return accepted or None
 
     def _open(self, data: bytes) -> Optional[Tuple[int, Dict[str, Any]]]:
         if not _TAG < len(data) <= MAX_DATAGRAM:
@@ -196,7 +208,8 @@ class Channel:
             return None
         with self._lock:
             if counter <= self._last.get(sender, 0):
-                return None
+                self.repeated += 1
+                return ()  # genuine but old: not a forgery
             try:
                 well_formed = bool(self._check(body, sender))
             except Exception:  # noqa: BLE001 - a check that fails on odd input rejects it
@@ -207,20 +220,26 @@ class Channel:
         return sender, body
 
     def receive(self, timeout_s: Optional[float] = None) -> Optional[Tuple[int, Dict[str, Any]]]:
-        """The next datagram that passes every check, ``(sender, body)``; None after
-        ``timeout_s`` seconds without one. Raises ``OSError`` once the channel is closed."""
-        while True:
-            ready, _, _ = select.select(self.sockets, [], [], timeout_s)
-            if not ready:
-                return None
-            for sock in ready:
-                data, _ = sock.recvfrom(MAX_DATAGRAM + 1)
+        """The next datagram that passes every check, ``(sender, body)``; None when none has
+        for ``timeout_s`` seconds (whatever else came). Raises :class:`ChannelClosed` (an
+        ``OSError``) once the channel is closed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.closed:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for key, _ in self._ready.select(wait):
+                data, _ = key.fileobj.recvfrom(MAX_DATAGRAM + 1)
                 accepted = self.open(data)
                 if accepted is not None:
                     return accepted
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+        raise ChannelClosed(f"the {self.name} channel is closed")
 
     def close(self) -> None:
-        for sock in self.sockets:
+        """Close the sockets; a :meth:`receive` running in another thread ends at its next
+        datagram or timeout."""
+        self.closed = True
+        for sock in self.sockets + [self._out]:
             sock.close()
 
 
@@ -242,8 +261,15 @@ def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[A
     everyone = gather(mine)
     remote = [a for r in everyone if r["network"] != mine["network"] for a in r["addresses"]]
     bind = addresses_toward(remote, own) if remote else ["127.0.0.1"]
-    channel = Channel(name, bytes.fromhex(everyone[0]["secret"]), rank, size, bind, check)
-    endpoints = gather(channel.endpoints)
+    try:  # a rank that cannot bind says so in the next gather: no rank waits for it
+        channel, error = Channel(name, bytes.fromhex(everyone[0]["secret"]), rank, size, bind,
+                                 check), None
+    except OSError as err:
+        channel, error = None, f"rank {rank} could not bind {bind}: {err}"
+    endpoints = gather(error or channel.endpoints)
+    errors = [e for e in endpoints if isinstance(e, str)]
+    if errors:
+        raise RuntimeError(f"hvd_balance: the {name} channel did not open: {'; '.join(errors)}")
     channel.peers = {r: [tuple(e) for e in ends] for r, ends in enumerate(endpoints) if r != rank}
     channel.aim([e for ends in channel.peers.values() for e in ends])
     return channel

@@ -12,6 +12,8 @@ Costs nothing on a step: no thread wakes while nobody posts.
 
 from __future__ import annotations
 
+import logging
+import numbers
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
@@ -38,10 +40,18 @@ def check_note(note: Any, sender: int) -> bool:
     return matches(note, _NOTE, ("rank",)) and note["rank"] == sender
 
 
-def _printable(value: Any) -> Any:
+def _plain(value: Any) -> Any:
+    """``value`` as the schema reads it: texts printable, integral numbers (numpy's too) int."""
     if isinstance(value, str):
         return printable(value)
-    return {k: _printable(v) for k, v in value.items()} if isinstance(value, dict) else value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, numbers.Number) and not isinstance(value, bool) \
+            and float(value).is_integer():
+        return int(value)
+    return value
 
 
 def open_board(rank: int, size: int, gather: Callable[[Any], List[Any]]) -> "Board":
@@ -85,18 +95,25 @@ class Board:
 
     def post(self, note: Dict) -> None:
         """Send ``note`` to every peer now, and again every ``RESEND_S`` until :meth:`withdraw`.
-        Its texts are made printable first; a field outside the schema raises ``ValueError``."""
-        note = _printable(note)
+        Its texts are made printable and its numbers plain first; a note the peers would
+        refuse (a bug) is logged, not raised: the caller goes on to its join."""
+        note = _plain(note)
         if not check_note(note, self.channel.rank):
-            raise ValueError(f"hvd_balance: a stop note outside its schema: {note!r}")
-        self.withdraw()
-        self._posted, self._withdrawn = note, threading.Event()
-        self.channel.send(note)
+            logging.error("hvd_balance: a stop note outside its schema is not sent: %r", note)
+            return
+        with self._lock:
+            self._withdraw()
+            self._posted, self._withdrawn = note, threading.Event()
+            self.channel.send(note)
         threading.Thread(target=self._resend, args=(note, self._withdrawn),
                          name="hvd_balance.stop_notice.post", daemon=True).start()
 
     def withdraw(self) -> None:
         """Stop re-sending the posted note (the peers have it: they joined the settlement)."""
+        with self._lock:
+            self._withdraw()
+
+    def _withdraw(self) -> None:
         self._withdrawn.set()
         self._posted = None
 
@@ -122,13 +139,16 @@ class Board:
         for _ in range(int(RESEND_FOR_S / RESEND_S)):
             if withdrawn.wait(RESEND_S):
                 return
-            self.channel.send(note)
+            with self._lock:  # never after a newer note: its counter would win
+                if withdrawn.is_set():
+                    return
+                self.channel.send(note)
 
     def _receive(self) -> None:
         while True:
             try:
                 received = self.channel.receive()
-            except (OSError, ValueError):  # the channel was closed
+            except OSError:  # the channel was closed
                 return
             if received is None:
                 continue

@@ -119,8 +119,8 @@ class StopAgreement:
         mine = None
         if (self.peer_note is None and getattr(self.model, "stop_training", False)
                 and done is not None and steps and done < steps):
-            mine = {"rank": rank, "fit": self.fit, "epoch": epoch, "batch": done - 1,
-                    "steps": steps, "why": _why(logs)}
+            mine = {"rank": rank, "fit": self.fit, "epoch": int(epoch), "batch": int(done) - 1,
+                    "steps": int(steps), "why": _why(logs)}
             self.board.post(mine)
         elif self.peer_note is None:
             if not self._leaders():
@@ -145,6 +145,8 @@ class StopAgreement:
         global last_mid_epoch_stop
         stopped = [n for n in notes if not n.get("follows")]
         if not stopped:  # the same gathered notes on every rank: all of them stop, none named
+            print(f"hvd_balance: every rank stops: a rank joined, but none says it stopped "
+                  f"mid-epoch [rank {collective.rank()}]", file=sys.stdout, flush=True)
             return
         first = min(stopped, key=lambda n: (n["epoch"], n["batch"], n["rank"]))
         ranks = [n["rank"] for n in stopped if (n["epoch"], n["batch"]) == (first["epoch"], first["batch"])]

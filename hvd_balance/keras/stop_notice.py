@@ -18,6 +18,7 @@ from . import collective
 from .. import notice
 from ..notice import RESEND_FOR_S, RESEND_S, Board  # noqa: F401 - re-exported
 
+_GATHER = "hvd_balance.stop_notice"
 _board: Optional["Board"] = None
 _lock = threading.Lock()
 
@@ -28,10 +29,9 @@ def open_board() -> "Board":
     global _board
     with _lock:
         if _board is None:
-            board = notice.open_board(collective.rank(), collective.size(), lambda value:
-                                      collective.allgather_object(value, name="hvd_balance.stop_notice"))
-            _board = board
-            collective.describe_joined = board.describe
+            _board = notice.open_board(collective.rank(), collective.size(), lambda value:
+                                       collective.allgather_object(value, name=_GATHER))
+            collective.describe_joined = _board.describe
         return _board
 
 

@@ -171,9 +171,10 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 # A status record's fields (the status file's and the heartbeat's), each a predicate.
 _STATES = ("running", "stopping", "failed", "terminated", "exited")
-_RECORD = {"rank": channel.integer(0, 2 ** 31), "job": channel.text(64), "host": channel.text(255),
-           "pid": channel.integer(1, 2 ** 31), "state": lambda v: isinstance(v, str) and v in _STATES,
-           "error": channel.text(), "beat": channel.integer(0, 2 ** 62), "time": channel.finite}
+_RECORD = {"rank": channel.integer(0, 2 ** 31), "job": channel.text(64),
+           "host": channel.text(255), "pid": channel.integer(1, 2 ** 31),
+           "state": lambda v: isinstance(v, str) and v in _STATES, "error": channel.text(),
+           "beat": channel.integer(0, 2 ** 62), "time": channel.finite}
 
 
 class _Heartbeats:
@@ -202,7 +203,7 @@ class _Heartbeats:
         while True:
             try:
                 received = self.channel.receive(0.5)
-            except (OSError, ValueError):  # closed
+            except OSError:  # closed
                 return
             if received is not None:  # newer than the last one: the channel's counter says so
                 with self._lock:
@@ -355,8 +356,9 @@ class _Watchdog:
 
     def start(self, handle_sigterm: bool) -> None:
         if not _private_directory(self.directory):
-            self.directory = None  # the pids and the heartbeats still name a culprit
-        self.channel.watch([p["rank"] for p in self.remote])
+            self.directory = None  # then every peer's status comes by heartbeat, local ones too
+        self.channel.watch([p["rank"] for p in (self.remote if self.directory else self.peers)
+                            if p["rank"] != self.rank])
         self._write()
         threading.Thread(target=self._beat, name="hvd_balance.watchdog", daemon=True).start()
         self._previous_hook = sys.excepthook
@@ -540,6 +542,7 @@ class _Watchdog:
                 time.sleep(0.05)
                 self.beat += 1
                 self.channel.send(self._record("exited"))
-        if all((self._read(p["rank"]) or {}).get("state") == "exited"
-               for p in self.peers if p["host"] == self.host):
+        if self.directory is not None and all(
+                (self._read(p["rank"]) or {}).get("state") == "exited"
+                for p in self.peers if p["host"] == self.host):
             shutil.rmtree(self.directory, ignore_errors=True)

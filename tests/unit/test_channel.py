@@ -6,6 +6,7 @@ import secrets
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from hvd_balance import channel, notice
@@ -45,7 +46,7 @@ def test_replays_older_counters_other_keys_and_other_channels_are_dropped():
     assert a.open(earlier_job.seal(NOTE)) is None
     watchdog = channel.Channel("watchdog", SECRET, 1, 2, [], lambda body, sender: True)
     assert a.open(watchdog.seal(NOTE)) is None  # signed for the other channel
-    assert a.dropped == 4
+    assert (a.dropped, a.repeated) == (2, 2)
     assert a.open(b.seal(NOTE)) == (1, NOTE)  # the sender's next note still passes
 
 
@@ -146,8 +147,14 @@ def test_open_channel_binds_loopback_on_one_host_and_a_post_arrives_printable():
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)
         assert got == [{**NOTE, "why": "loss\\nis nan\\x07"}]
-        with pytest.raises(ValueError, match="outside its schema"):
-            b.post({**NOTE, "epoch": "zero"})
+        b.post({**NOTE, "batch": np.int64(7), "steps": 20.0})  # numpy's and integral numbers
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got[1] == {**NOTE, "batch": 7, "why": NOTE["why"]} and type(got[1]["batch"]) is int
+        b.post({**NOTE, "epoch": "zero"})  # a bug: logged, not sent, not raised
+        time.sleep(0.3)
+        assert len(got) == 2
     finally:
         for board in boards:
             board.withdraw()
@@ -156,5 +163,30 @@ def test_open_channel_binds_loopback_on_one_host_and_a_post_arrives_printable():
 
 def test_addresses_toward_skips_loopback_and_shared_addresses():
     own = ["10.9.8.7", "127.0.0.1"]
-    # No peer address to route to: every non-loopback address of this host.
+    # No peer address to route to: every non-loopback address of this host, else any.
     assert channel.addresses_toward(["127.0.0.1", "10.9.8.7"], own) == ["10.9.8.7"]
+    assert channel.addresses_toward([], ["127.0.1.1"]) == ["0.0.0.0"]
+
+
+def test_receive_times_out_under_a_flood_and_a_closed_channel_says_so():
+    import socket
+
+    a = channel.Channel("notice", SECRET, 0, 2, ["127.0.0.1"], notice.check_note)
+    stop = threading.Event()
+
+    def flood():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            while not stop.is_set():
+                s.sendto(b"x" * 64, a.endpoints[0])
+                time.sleep(0.001)
+
+    threading.Thread(target=flood, daemon=True).start()
+    try:
+        start = time.monotonic()
+        assert a.receive(0.3) is None
+        assert time.monotonic() - start < 2.0 and a.dropped > 10
+    finally:
+        stop.set()
+    a.close()
+    with pytest.raises(channel.ChannelClosed):
+        a.receive(0.1)
