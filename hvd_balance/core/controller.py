@@ -11,9 +11,8 @@ a change of speed are outvoted by the newer ones)::
 
 so ``a_i >= 0, c_i > 0``; proportional (``c_i = m_L / b_L``) where no earlier point has
 another batch or the slope is not positive (the windows contradict a line). A plan's
-predicted step is ``max_i t_i(b_i) + overhead``, the overhead being the window's measured
-step minus its slowest busy time (collectives, input waits). The planner's minmax plan over
-the lines is the candidate.
+predicted step is ``max_i t_i(b_i) + overhead``, the window's step minus its slowest busy
+time (collectives, input waits). The planner's minmax plan over the lines is the candidate.
 
 State machine (:meth:`Controller.next`, one call per window, rank 0 decides for all):
 
@@ -22,6 +21,7 @@ State machine (:meth:`Controller.next`, one call per window, rank 0 decides for 
     candidate == plan, barred, or
       predicted >= step * (1 - threshold - var) -> kept
     otherwise                                 -> switched, a trial judged by the next window
+    and, beside it, the ranks a job would be faster without by as much (:mod:`.leave_out`).
 
 ``var`` is the measured window-to-window variation of the step (median ``|s_k / s_{k-1} - 1|``
 over consecutive windows of one plan, so that a lasting change of speed or the first window's
@@ -37,6 +37,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
+from .leave_out import LeaveOut, advise
 from .plan import Plan
 from .planner import plan_batches
 
@@ -119,6 +120,7 @@ class Decision:
             for a revert, the step measured before the switch.
         measured_s: the window's measured step, seconds (``None`` if not measured).
         variation: the measured window-to-window variation the decision allowed for.
+        leave_out: the ranks the job would be faster without (:mod:`.leave_out`), or None.
     """
 
     plan: Plan
@@ -126,6 +128,7 @@ class Decision:
     predicted_s: Optional[float]
     measured_s: Optional[float]
     variation: float
+    leave_out: Optional[LeaveOut] = None
 
 
 def robust_busy(samples_s: Sequence[float]):
@@ -228,8 +231,8 @@ class Controller:
         var = max(variation(windows), window.noise_share)
         step = window.step_s
 
-        def decided(new_plan, what, predicted, **change):
-            return (Decision(new_plan, what, predicted, step, var),
+        def decided(new_plan, what, predicted, leave_out=None, **change):
+            return (Decision(new_plan, what, predicted, step, var, leave_out),
                     dataclasses.replace(state, **change))
 
         if self.trial is not None:
@@ -240,15 +243,21 @@ class Controller:
                 bar = (new.batch_sizes, before.batch_sizes, MEMORY)
                 return decided(before, "reverted", before_s, trial=None, barred=barred + (bar,))
             state = dataclasses.replace(state, trial=None)
-        candidate, predicted = self.propose(plan, windows, bench)
+        curves = self.fitted(plan, windows, bench)
+        candidate = plan_batches(curves, plan.global_batch_size, plan.max_batch_sizes, self.method,
+                                 plan.min_batch_sizes, hosts=plan.hosts, devices=plan.devices,
+                                 benchmark_s=plan.benchmark_s)
+        predicted = max(candidate.predicted_step_s) + window.overhead_s
         current = step if step is not None else max(window.busy_s)
+        fewer = advise(curves, plan, window.overhead_s, min(current, predicted), self.threshold + var)
         if (candidate.batch_sizes == plan.batch_sizes or self._is_barred(candidate, barred)
                 or predicted >= current * (1.0 - self.threshold - var)):
-            return decided(plan, "kept", predicted)
-        return decided(candidate, "switched", predicted, trial=(candidate, plan, step))
+            return decided(plan, "kept", predicted, fewer)
+        return decided(candidate, "switched", predicted, fewer, trial=(candidate, plan, step))
 
-    def propose(self, plan: Plan, windows: Sequence[Window], bench=None) -> Tuple[Plan, float]:
-        """The minmax plan over the fitted lines and its predicted step, seconds."""
+    @staticmethod
+    def fitted(plan: Plan, windows: Sequence[Window], bench=None) -> np.ndarray:
+        """Each rank's fitted line as points at ``b = 1`` and ``B``: ``(N, 2, 2)`` (samples, s)."""
         rows = [(w.batch_sizes, w.busy_s) for w in windows]
         weights = [DECAY ** (len(windows) - 1 - k) for k in range(len(windows))]
         if bench:  # each benchmark point as a window older than every real one
@@ -260,16 +269,9 @@ class Controller:
         busy = np.array([r[1] for r in rows], dtype=float)
         lines = fit_lines(batches, busy, np.array(weights))
         big = float(plan.global_batch_size)
-        # each line as a curve through b = 1 and b = B (the planner is linear between points)
-        curves = np.stack([np.stack([np.ones(len(lines)), lines.sum(axis=1)], axis=1),
-                           np.stack([np.full(len(lines), big), lines[:, 0] + lines[:, 1] * big],
-                                    axis=1)], axis=1)
-        candidate = plan_batches(curves, plan.global_batch_size,
-                                 max_batch_sizes=plan.max_batch_sizes,
-                                 min_batch_sizes=plan.min_batch_sizes, method=self.method,
-                                 hosts=plan.hosts, devices=plan.devices,
-                                 benchmark_s=plan.benchmark_s)
-        return candidate, max(candidate.predicted_step_s) + windows[-1].overhead_s
+        return np.stack([np.stack([np.ones(len(lines)), lines.sum(axis=1)], axis=1),
+                         np.stack([np.full(len(lines), big), lines[:, 0] + lines[:, 1] * big],
+                                  axis=1)], axis=1)
 
     @staticmethod
     def _is_barred(candidate: Plan, barred) -> bool:

@@ -228,6 +228,11 @@ class _CurveSet:
             head[i], tail[i], npts[i] = c.head_slope(), c.tail_slope(), m
         return cls(b, t, head, tail, npts)
 
+    def rows(self, ranks: np.ndarray) -> "_CurveSet":
+        """The curves of ``ranks`` only, in that order."""
+        return _CurveSet(self.b[ranks], self.t[ranks], self.head[ranks], self.tail[ranks],
+                         self.npts[ranks])
+
     def points(self):
         """Per rank, the monotone points as a tuple of ``(local_batch, seconds)`` tuples."""
         k = self.b.shape[1]
@@ -767,6 +772,69 @@ def plan_batches(rates_or_curves, global_batch_size: int,
         predicted_step_s=tuple(predicted.tolist()),
         **plan_info,
     )
+
+
+def best_subset(rates_or_curves, global_batch_size: int, collective_s: float,
+                max_batch_sizes: Optional[Sequence[Optional[int]]] = None,
+                min_batch_sizes: Union[None, int, Sequence[Optional[int]]] = None):
+    """The ranks to train on when a rank may be left out, and their predicted step.
+
+    A rank left out takes no step (``t_i(0) = 0``). A set ``S`` of ranks takes its minmax
+    step plus ``collective_s`` seconds per step (the collectives, measured) when
+    ``|S| >= 2``, and ``t_j(B)`` alone when ``S = {j}``: one rank has no collective. Let
+    ``T0`` be the smallest ``T`` at which the ranks whose floor fits in ``T`` can take the
+    global batch together::
+
+        T0 = min{T : sum of n_i(T) over the ranks with n_i(T) >= l_i  >=  B}
+
+    (non-decreasing in ``T``: a bisection). No set's minmax is below ``T0``, and the set
+    ``C`` of those ranks reaches it, so ``C`` is the best set of two or more; the answer is
+    the better of ``C`` and the best single rank whose cap holds ``B``. Exact to the
+    bisection's 1e-12 relative; O(N K) per bisection step.
+
+    Args:
+        rates_or_curves, global_batch_size, max_batch_sizes, min_batch_sizes: as for
+            :func:`plan_batches` (caps and floors hold for the ranks used).
+        collective_s: seconds a step of two or more ranks spends outside their compute.
+
+    Returns:
+        ``(ranks, predicted_s)``: the indices of the ranks to use, ascending (an int array),
+        and the predicted step in seconds.
+
+    Example:
+        >>> ranks, step_s = best_subset([[(1, 0.002), (64, 0.008)], [(1, 0.010), (64, 0.300)]],
+        ...                             64, collective_s=0.009)
+        >>> ranks.tolist(), round(step_s, 4)   # rank 1 costs more than rank 0's whole step
+        ([0], 0.008)
+    """
+    cs = _curve_set(rates_or_curves)
+    n = cs.n
+    big = _check_global_batch(global_batch_size, n)
+    caps = _check_caps(max_batch_sizes, n, big)
+    floors = _check_floors(min_batch_sizes, n, big, caps)
+
+    def usable(step_s):  # per rank, its batch within step_s, or 0 below its floor
+        k = cs.max_batch(step_s, caps)
+        return np.where(k >= floors, k, 0)
+
+    lo, hi = 0.0, float(cs.time(caps).max())
+    while hi - lo > 1e-12 * hi:
+        mid = 0.5 * (lo + hi)
+        if int(usable(mid).sum()) >= big:
+            hi = mid
+        else:
+            lo = mid
+    ranks = np.flatnonzero(usable(hi))
+    single_s = np.where(caps >= big, cs.time(np.full(n, big)), np.inf)
+    best = int(np.argmin(single_s))
+    if len(ranks) >= 2:
+        sub = cs.rows(ranks)
+        batches = share_slack(sub, solve_minmax(sub, big, caps[ranks], floors[ranks]), big,
+                              caps[ranks], floors[ranks])
+        many_s = float(sub.time(batches).max()) + float(collective_s)
+        if many_s < single_s[best]:
+            return ranks, many_s
+    return np.array([best]), float(single_s[best])
 
 
 def predict_step_s(rates_or_curves, local_batches) -> np.ndarray:

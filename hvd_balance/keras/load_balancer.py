@@ -56,7 +56,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     Attributes:
         plan: the :class:`Plan` in force, identical on every rank.
         history: one dict per window, the same on every rank: ``epoch``, ``step``, ``decision``
-            (``"kept"``, ``"switched"``, ``"reverted"``; ``None``: none made), ``predicted_ms``,
+            (``"kept"``, ``"switched"``, ``"reverted"``; ``None``: none made), ``leave_out``
+            (the ranks the job would be faster without, or ``None``), ``predicted_ms``,
             ``step_ms`` (measured), ``variation``, ``efficiency``, ``batch_sizes`` (after it),
             ``busy_ms``, ``busy_rse``.
 
@@ -98,7 +99,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         compat.check_loss_scaling(self.model, "LoadBalancer")
         data, optimizer = self.data, self.model.optimizer
         self.history, self._pending, self.plan = [], {}, None
-        self._epoch = data.epoch
+        self._epoch, self._told = data.epoch, None
         spe = compat.steps_per_execution(self.model)
         if self.benchmark_given is None:
             self.benchmark = self.given_plan is None and options.default_benchmark(
@@ -177,7 +178,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         window of the first real steps, whose step is no baseline and whose plan is printed)."""
         busy, steps = [w["busy_s"] for w in window], [w["step_s"] for w in window]
         step_s = None if first_steps or None in steps else float(np.median(steps))
-        record = {"epoch": self._epoch, "step": step, "decision": None, "predicted_ms": None,
+        record = {"epoch": self._epoch, "step": step, "decision": None, "leave_out": None,
+                  "predicted_ms": None,
                   "step_ms": None if step_s is None else round(1e3 * step_s, 2), "variation": None,
                   "efficiency": None, "batch_sizes": list(self.plan.batch_sizes),
                   "busy_ms": [None if b is None else 1e3 * b for b in busy],
@@ -196,13 +198,23 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         record.update(decision=decision.decision, variation=decision.variation,
                       predicted_ms=(None if decision.predicted_s is None
                                     else round(1e3 * decision.predicted_s, 2)),
-                      batch_sizes=list(decision.plan.batch_sizes))
+                      batch_sizes=list(decision.plan.batch_sizes),
+                      leave_out=self._tell(decision.leave_out))
         self._apply(decision.plan, step)
         if self.verbose and collective.rank() == 0 and (first_steps or decision.decision != "kept"):
             print(decision.plan.table() if first_steps else
                   f"hvd_balance: epoch {self._epoch} step {step}: {decision.decision} "
                   f"{list(decision.plan.batch_sizes)} (step {record['step_ms']} ms, predicted "
                   f"{record['predicted_ms']} ms)", file=sys.stdout, flush=True)
+
+    def _tell(self, advice) -> Optional[List[int]]:
+        """The ranks the job would be faster without; rank 0 says so (and writes the plan for
+        the others) when they change. Horovod's process sets cannot leave them out here."""
+        if advice is not None and advice.ranks != self._told and self.verbose \
+                and collective.rank() == 0:
+            print(advice.announce("horovodrun", self.save_plan), file=sys.stdout, flush=True)
+        self._told = None if advice is None else advice.ranks
+        return None if advice is None else list(advice.ranks)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._stop_epoch_begin(epoch)

@@ -90,7 +90,8 @@ class LoadBalancer:
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
-        history: one dict per window (epoch, step, decision, batch sizes, busy and wait).
+        history: one dict per window (epoch, step, decision, batch sizes, busy and wait,
+            ``leave_out``: the ranks the job would be faster without, or ``None``).
         stopped: ``None``, or who left the loop first: rank, epoch, step, steps, why.
 
     Raises (on every rank, naming the bad value):
@@ -124,6 +125,7 @@ class LoadBalancer:
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
         self.history: List[Dict[str, Any]] = []
+        self._told = None  # the ranks rank 0 last said the job would be faster without
         # The caller sums the gradients (and weights the loss) when it brings its telemetry.
         self._caller_sums = telemetry is not None
         self.telemetry = telemetry if telemetry is not None else StepTelemetry()
@@ -316,7 +318,8 @@ class LoadBalancer:
                             step_s=None if first else max(float(g["step_s"]) for g in gathered))
             decision, self._controller = self._controller.next(plan_now, window)
             return {"plan": decision.plan.to_dict(), "decision": decision.decision,
-                    "predicted_s": decision.predicted_s, "measured_s": decision.measured_s}
+                    "predicted_s": decision.predicted_s, "measured_s": decision.measured_s,
+                    "leave_out": getattr(decision, "leave_out", None)}
         outcome = distributed.agree(decide, "hvd_balance.torch.LoadBalancer decision")
         record = {"epoch": self.sampler.epoch, "step": finished, "apply_step": apply,
                   "batch_sizes": list(plan_now.batch_sizes),
@@ -324,7 +327,8 @@ class LoadBalancer:
                   "wait_s": [g["wait_s"] for g in gathered],
                   "step_s": [g["step_s"] for g in gathered],
                   "decision": None if outcome is None else outcome["decision"],
-                  "predicted_s": None if outcome is None else outcome["predicted_s"]}
+                  "predicted_s": None if outcome is None else outcome["predicted_s"],
+                  "leave_out": self._tell(None if outcome is None else outcome["leave_out"])}
         self.history.append(record)
         self._since_window = 0
         if outcome is not None:
@@ -336,6 +340,14 @@ class LoadBalancer:
                 self._save(new)
                 self._report(new, outcome["decision"])
         self.telemetry.pause()  # this window's gather is no step's busy time
+
+    def _tell(self, advice) -> Optional[List[int]]:
+        """The ranks the job would be faster without; rank 0 says so (and writes the plan for
+        the others) when they change. This edge does not leave them out by itself yet."""
+        if advice is not None and advice.ranks != self._told and self.verbose and self.rank == 0:
+            print(advice.announce("torchrun", self.save_plan), flush=True)
+        self._told = None if advice is None else advice.ranks
+        return None if advice is None else list(advice.ranks)
 
     def _save(self, plan: Plan) -> None:
         if self.save_plan and self.rank == 0:

@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from hvd_balance.core.plan import Plan
 from hvd_balance.keras.compat import KERAS3
 from support import run_ranks
 
@@ -192,3 +193,23 @@ def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_
         for rank in (0, 1):  # the samples each rank's batches held are its shard's
             assert len(results[rank]["indices"][epoch]) == sum(results[rank]["batches"][epoch])
     assert r0["pipeline_matches_indices"] and r1["pipeline_matches_indices"]
+
+
+@pytest.mark.timeout(240)
+def test_rank_0_names_a_rank_the_job_would_be_faster_without(tmp_path):
+    """Rank 1's fixed cost per step (40 ms) exceeds rank 0's whole step (13 ms): rank 0 says
+    the job would be faster without it, once, and writes the plan for rank 0 alone."""
+    run = run_ranks("tests/rank_scripts/leave_out_fit.py", np=2, args=[str(tmp_path)], timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert results[0]["history"] == results[1]["history"]
+    named = [h["leave_out"] for h in results[0]["history"]]
+    assert named[-1] == [1], results[0]["history"]
+    said = [line for line in run.rank_lines(0) if "would be faster without" in line]
+    assert len(said) == 1 and said[0].startswith(
+        "hvd_balance: the job would be faster without rank 1: with them a step takes "), said
+    path = tmp_path / "hvd_balance_plan_without_1.yaml"
+    assert "horovodrun -np 1 -H " in said[0] and repr(str(path)) in said[0], said
+    alone = Plan.load(str(path))
+    assert alone.batch_sizes == (64,) and alone.global_batch_size == 64
+    assert not [line for line in run.rank_lines(1) if "would be faster without" in line]

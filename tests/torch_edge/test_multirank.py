@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from hvd_balance.core.plan import Plan
 from support.forge import Flood
 from support.torchrun import run_torchrun
 
@@ -41,6 +42,21 @@ def test_forged_datagrams_change_nothing_and_print_nothing():
         assert r["dropped"] > 0, (r, stats)  # the forgeries reached the rank while it trained
     assert stats["ports"] and {a for a, _ in stats["ports"]} == {"127.0.0.1"}, stats
     assert "FORGED" not in run.stdout and "left its training loop" not in run.stdout
+
+
+def test_rank_0_names_a_rank_the_job_would_be_faster_without(tmp_path):
+    """Rank 1 sleeps 30 ms a step, several times rank 0's whole step: rank 0 says once that the
+    job would be faster without it and writes the plan for rank 0 alone."""
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=120, args=["fixed", 0.03, tmp_path])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert results[0]["error"] is None and results[0]["leave_out"] == results[1]["leave_out"]
+    assert results[0]["leave_out"][-1] == [1], results[0]
+    said = [line for line in run.stdout.splitlines() if "would be faster without" in line]
+    assert len(said) == 1 and "hvd_balance: the job would be faster without rank 1: with them a " \
+        "step takes " in said[0] and "torchrun --nproc-per-node 1 ..." in said[0], said
+    alone = Plan.load(str(tmp_path / "hvd_balance_plan_without_1.yaml"))
+    assert alone.batch_sizes == (64,)
 
 
 def test_a_rank_that_dies_ends_the_job_within_60_s_naming_it():

@@ -148,3 +148,61 @@ def test_a_window_of_the_wrong_shape_is_refused_naming_the_value():
         Window((32, 32), (0.1, -0.1))
     with pytest.raises(ValueError, match=r"ran batches \[30, 34\]"):
         Controller().next(Plan.from_batch_sizes([32, 32]), Window((30, 34), (0.1, 0.1)))
+
+
+# -- leaving ranks out (advice) -------------------------------------------------------------
+
+GPU_CPUS = ([0.004] + [0.010] * 3, [0.00001] + [0.005] * 3)  # a GPU and 3 CPUs: 10 ms + 5 ms/sample
+COLLECTIVE_S = 0.009  # the staged allreduce of the H200 check
+
+
+def advise_run(fixed, per_sample, windows, seed, noise=0.03, collective_s=COLLECTIVE_S,
+               change=None):
+    """Windows as in `run`, with ``collective_s`` per step for two ranks or more; ``change``:
+    ``(window, fixed, per_sample)`` from then on."""
+    rng = np.random.default_rng(seed)
+    plan, ctl, decisions = Plan.uniform(256, len(fixed)), Controller(), []
+    for k in range(windows):
+        if change is not None and k == change[0]:
+            fixed, per_sample = change[1], change[2]
+        busy = [(a + c * b) * rng.lognormal(0.0, noise)
+                for a, c, b in zip(fixed, per_sample, plan.batch_sizes)]
+        step = max(busy) * rng.lognormal(0.0, noise / 2) + collective_s
+        decision, ctl = ctl.next(plan, Window(plan.batch_sizes, busy, (noise,) * len(busy), step))
+        decisions.append(decision)
+        plan = decision.plan
+    return decisions
+
+
+def test_ranks_whose_fixed_cost_exceeds_the_gpus_step_are_named_within_two_windows():
+    for seed in range(10):
+        decisions = advise_run(*GPU_CPUS, windows=6, seed=seed)
+        advice = [d.leave_out for d in decisions]
+        assert advice[1] is not None and all(a is not None for a in advice[1:]), advice
+        last = advice[-1]
+        assert last.ranks == (1, 2, 3) and last.plan.batch_sizes == (256,)
+        assert last.predicted_s == pytest.approx(0.004 + 0.00001 * 255, rel=0.15)
+        assert last.step_s > 2 * last.predicted_s and last.share < 0.05
+        assert last.message("horovodrun -np 1", "p.yaml").startswith(
+            "hvd_balance: the job would be faster without ranks 1, 2, 3: with them a step takes ")
+
+
+def test_a_rank_that_becomes_fast_is_no_longer_named_within_two_windows():
+    slower_gpu = ([0.004] + [0.010] * 3, [0.0001] + [0.005] * 3)  # alone: 29.5 ms a step
+    fast = ([0.004] * 4, [0.0001] * 4)  # the CPUs become as fast: 4 ranks take 19.4 ms
+    for seed in range(10):
+        decisions = advise_run(*slower_gpu, windows=10, seed=seed, change=(5, *fast))
+        named = [d.leave_out and d.leave_out.ranks for d in decisions]
+        assert named[4] == (1, 2, 3), named
+        # windows 5 and 6 ran after the change: the CPUs are not named after the second
+        assert all(not set(n or ()) & {1, 2, 3} for n in named[6:]), named
+        assert all(n is None for n in named[7:]), named
+
+
+@pytest.mark.parametrize("name", sorted(LINES))
+def test_pure_noise_never_names_a_rank_to_leave_out(name):
+    fixed, per_sample = LINES[name]
+    for seed in range(5):
+        decisions = advise_run(fixed, per_sample, windows=50, seed=seed, noise=0.05,
+                               collective_s=OVERHEAD_S)
+        assert all(d.leave_out is None for d in decisions)

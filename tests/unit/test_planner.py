@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from hvd_balance.core.plan import Plan
-from hvd_balance.core.planner import TimeCurve, largest_remainder, plan_batches, solve_minmax
+from hvd_balance.core.planner import (TimeCurve, best_subset, largest_remainder, plan_batches,
+                                      solve_minmax)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -496,3 +497,77 @@ def test_impossible_or_bad_floors_are_refused_naming_them(global_batch, floors, 
         plan_batches([300.0, 100.0], global_batch, caps, method=method, min_batch_sizes=floors)
     assert named in str(err.value), str(err.value)
 
+
+
+# ---------------------------------------------------------------- leaving ranks out
+
+def brute_force_subset(curves, global_batch, caps, floors, collective_s):
+    """The shortest step over every set of ranks: one rank alone takes the global batch with
+    no collective; two or more their minmax plus ``collective_s``."""
+    n, best = len(curves), math.inf
+    for size in range(1, n + 1):
+        for ranks in itertools.combinations(range(n), size):
+            if size == 1:
+                if caps[ranks[0]] >= global_batch:
+                    best = min(best, reference_time(curves[ranks[0]], global_batch))
+                continue
+            sub_caps = [caps[i] for i in ranks]
+            sub_floors = [floors[i] for i in ranks]
+            if sum(sub_caps) < global_batch or sum(sub_floors) > global_batch:
+                continue
+            best = min(best, brute_force_makespan([curves[i] for i in ranks], global_batch,
+                                                  sub_caps, sub_floors) + collective_s)
+    return best
+
+
+def test_best_subset_equals_brute_force_on_small_instances():
+    rng = np.random.default_rng(11)
+    left_out = 0
+    for _ in range(300):
+        n = int(rng.integers(2, 5))
+        global_batch = int(rng.integers(n, 11))
+        curves = [random_curve(rng, linear=bool(rng.random() < 0.7)) for _ in range(n)]
+        caps = [global_batch] * n
+        if rng.random() < 0.4:
+            caps = [int(c) for c in rng.integers(1, global_batch + 1, size=n)]
+            if sum(caps) < global_batch:
+                caps[int(rng.integers(n))] += global_batch - sum(caps)
+        floors = [1] * n
+        if rng.random() < 0.3:
+            floors = [int(min(c, f)) for c, f in zip(caps, rng.integers(1, 3, size=n))]
+            if sum(floors) > global_batch:
+                floors = [1] * n
+        collective_s = float(rng.choice([0.0, rng.uniform(0.0, 0.3)]))
+        ranks, predicted = best_subset(curves, global_batch, collective_s, caps, floors)
+        best = brute_force_subset(curves, global_batch, caps, floors, collective_s)
+        assert predicted == pytest.approx(best, rel=1e-9, abs=1e-12), (curves, caps, floors)
+        # the ranks named take the global batch in the time predicted
+        if len(ranks) == 1:
+            assert reference_time(curves[ranks[0]], global_batch) == pytest.approx(predicted)
+        else:
+            sub = plan_batches([curves[i] for i in ranks], global_batch,
+                               [caps[i] for i in ranks], min_batch_sizes=[floors[i] for i in ranks])
+            assert sub.predicted_makespan_s + collective_s == pytest.approx(predicted)
+        left_out += len(ranks) < n
+    assert 30 < left_out < 270  # both outcomes were tried
+
+
+def test_best_subset_keeps_every_rank_when_none_costs_more_than_it_gives():
+    ranks, predicted = best_subset([100.0, 100.0, 50.0], 100, collective_s=0.05)
+    plan = plan_batches([100.0, 100.0, 50.0], 100)
+    assert ranks.tolist() == [0, 1, 2]
+    assert predicted == pytest.approx(plan.predicted_makespan_s + 0.05)
+
+
+def test_best_subset_leaves_out_a_rank_whose_fixed_cost_exceeds_the_others_step():
+    gpu = [(1, 0.004), (256, 0.006)]
+    cpu = [(1, 0.015), (256, 1.29)]  # 10 ms a step + 5 ms a sample
+    ranks, predicted = best_subset([gpu, cpu, cpu, cpu], 256, collective_s=0.009)
+    assert ranks.tolist() == [0] and predicted == pytest.approx(0.006)
+    # without a collective to pay, the CPUs still cost more than their samples save
+    ranks, _ = best_subset([gpu, cpu, cpu, cpu], 256, collective_s=0.0)
+    assert ranks.tolist() == [0]
+    # a cap that keeps the GPU from holding the batch alone: the CPUs share the 6 samples left
+    ranks, predicted = best_subset([gpu, cpu, cpu, cpu], 256, collective_s=0.009,
+                                   max_batch_sizes=[250, None, None, None])
+    assert ranks.tolist() == [0, 1, 2, 3] and predicted == pytest.approx(0.010 + 0.010 + 0.009)

@@ -7,6 +7,8 @@ Usage: torchrun --nproc-per-node N train.py MODE [ARG]
   bad_batch    ranks disagree on the global batch (64 on rank 0, 48 elsewhere).
   bad_world    a plan for 3 ranks.
   plan FILE    LoadBalancer(plan=FILE).
+  fixed S DIR  rank N-1 sleeps S seconds a step (a fixed cost); 2 epochs, rebalance every 6
+               steps, save_plan=DIR/plan.yaml, verbose; emits the plans and the history.
 Each rank emits {"rank", "error", "plans", ...}: the error as "<type>: <message>" or null.
 """
 import os
@@ -25,6 +27,7 @@ import hvd_balance.torch as hb
 
 rank, size = init()
 mode, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else None)
+save_plan = f"{sys.argv[3]}/plan.yaml" if mode == "fixed" else None
 torch.manual_seed(0)
 x = torch.randn(1536, 32)
 y = (x[:, 0] > 0).long()
@@ -33,12 +36,13 @@ model = DDP(nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 2)))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 B = 48 if (mode == "bad_batch" and rank > 0) else 64
 plan = {"bad_world": hb.Plan.from_batch_sizes([30, 20, 14]), "plan": arg}.get(mode)
-error, plans = None, []
+error, plans, balancer = None, [], None
 try:
     sampler = hb.BalancedBatchSampler(data, global_batch_size=B, seed=0)
-    balancer = hb.LoadBalancer(model, sampler, plan=plan, verbose=0,
-                               rebalance=6 if mode == "slow" else None)
-    for epoch in range(3 if mode == "slow" else 1):
+    balancer = hb.LoadBalancer(model, sampler, plan=plan, verbose=int(mode == "fixed"),
+                               rebalance=6 if mode in ("slow", "fixed") else None,
+                               save_plan=save_plan)
+    for epoch in range({"slow": 3, "fixed": 2}.get(mode, 1)):
         sampler.set_epoch(epoch)
         for step, (xb, yb) in enumerate(DataLoader(data, batch_sampler=sampler)):
             if mode == "die" and rank == 1 and step == 5:
@@ -52,11 +56,14 @@ try:
                 model.module(xb).sum().backward()
                 model.zero_grad()
                 time.sleep((float(arg) - 1) * (time.perf_counter() - t0))
+            if mode == "fixed" and rank == size - 1:
+                time.sleep(float(arg))
             balancer.scale(loss).backward()
             opt.step()
             balancer.step()
         plans.append(list(balancer.plan.batch_sizes))
 except (ValueError, TypeError, RuntimeError) as err:
     error = f"{type(err).__name__}: {err}"
-emit({"rank": rank, "error": error, "plans": plans})
+emit({"rank": rank, "error": error, "plans": plans,
+      "leave_out": [h["leave_out"] for h in balancer.history] if balancer else None})
 finish()

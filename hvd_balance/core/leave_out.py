@@ -1,0 +1,125 @@
+"""Leaving ranks out: would the job train faster without some of its ranks? (pure numpy)
+
+A rank whose fixed cost per step exceeds the others' whole step (a CPU beside a GPU, an old
+node's per-step overhead), or whose few samples are worth less than what taking part in the
+collectives costs, slows every step however little it gets: no plan gives a rank that takes
+part fewer samples than its floor (one). :func:`advise` asks the planner's
+:func:`~hvd_balance.core.planner.best_subset` for the best set of ranks on the fitted lines
+``t_i(b) = a_i + c_i b``, with the step's overhead as the window measured it (its step minus
+its slowest busy time) for any set of two ranks or more, and none for one rank alone. The
+overhead is taken as constant in the set's size, Pollux's constant term: a ring allreduce
+moves ``2 (k - 1) / k`` gradients through each of ``k`` ranks, between one and two whatever
+``k``, and one rank has no collective at all.
+
+Horovod's process sets cannot change cheaply, so neither edge leaves a rank out by itself:
+rank 0 prints the :class:`LeaveOut` (which ranks, the step with and without them, how to
+launch without them) and writes the plan for the other ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .plan import Plan
+from .planner import best_subset, plan_batches
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaveOut:
+    """Ranks the job would be faster without.
+
+    Attributes:
+        ranks: the ranks to leave out, ascending.
+        plan: the plan for the other ranks alone (a job of ``plan.world_size`` ranks, in the
+            same order, with their hosts and devices).
+        predicted_s: the predicted step without them, seconds.
+        step_s: the step with them, seconds (measured, or the best plan's prediction if
+            shorter).
+        share: the part of the global batch the ranks left out hold now (0 to 1).
+    """
+
+    ranks: Tuple[int, ...]
+    plan: Plan
+    predicted_s: float
+    step_s: float
+    share: float
+
+    def message(self, launch: str, plan_path: str) -> str:
+        """What rank 0 prints, e.g. ``hvd_balance: the job would be faster without ranks 1, 2,
+        3: with them a step takes 14.6 ms, without them 5.9 ms predicted; they hold 2 % of the
+        work. To train without them: horovodrun -np 1 -H nodeA:1 ..., LoadBalancer(plan=...)``.
+
+        Args:
+            launch: the edge's launch command for the ranks kept (``"horovodrun -np 1"``).
+            plan_path: where :attr:`plan` was written.
+        """
+        who = ("rank " if len(self.ranks) == 1 else "ranks ") + ", ".join(map(str, self.ranks))
+        return (f"hvd_balance: the job would be faster without {who}: with them a step takes "
+                f"{1e3 * self.step_s:.1f} ms, without them {1e3 * self.predicted_s:.1f} ms "
+                f"predicted; they hold {100 * self.share:.0f} % of the work. To train without "
+                f"them: {launch} ..., with LoadBalancer(plan={plan_path!r}) (written now)")
+
+    def hosts_option(self) -> Optional[str]:
+        """``horovodrun -H``'s value for the ranks kept (``"nodeA:2,nodeB:1"``), if hosts are
+        known."""
+        hosts = list(self.plan.hosts)
+        if not hosts:
+            return None
+        return ",".join(f"{h}:{hosts.count(h)}" for h in dict.fromkeys(hosts))
+
+    def announce(self, launcher: str, save_plan: Optional[str] = None) -> str:
+        """Write :attr:`plan` beside ``save_plan`` (else in the working directory, which a
+        cluster's hosts usually share) and return :meth:`message` for ``launcher``
+        (``"horovodrun"`` or ``"torchrun"``)."""
+        name = "hvd_balance_plan_without_" + "_".join(map(str, self.ranks)) + ".yaml"
+        path = os.path.join(os.path.dirname(save_plan) if save_plan else "", name)
+        self.plan.save(path)
+        k, hosts = self.plan.world_size, self.hosts_option()
+        if launcher == "horovodrun":
+            launch = f"horovodrun -np {k}" + (f" -H {hosts}" if hosts else "")
+        elif len(set(self.plan.hosts)) <= 1:
+            launch = f"{launcher} --nproc-per-node {k}"
+        else:
+            launch = f"{launcher} with {k} ranks on {hosts}"
+        return self.message(launch, path)
+
+
+def advise(curves: np.ndarray, plan: Plan, overhead_s: float, step_s: float,
+           margin: float) -> Optional[LeaveOut]:
+    """A :class:`LeaveOut` if the best set of ranks leaves one out and its predicted step is
+    below ``step_s * (1 - margin)``; else None.
+
+    Args:
+        curves: each rank's fitted curve, an ``(N, K, 2)`` array of ``(samples, seconds)``.
+        plan: the plan in force (its global batch, caps, floors, hosts and devices).
+        overhead_s: the window's seconds per step outside the slowest rank's busy time.
+        step_s: the step to beat, seconds.
+        margin: the share of ``step_s`` a switch must gain (the controller's threshold plus
+            the measured variation).
+
+    Example:
+        >>> plan = Plan.from_batch_sizes([62, 2])
+        >>> gpu, cpu = [(1, 0.004), (64, 0.006)], [(1, 0.010), (64, 0.330)]
+        >>> advice = advise(np.array([gpu, cpu]), plan, 0.009, 0.022, 0.05)
+        >>> advice.ranks, advice.plan.batch_sizes, round(advice.predicted_s, 4)
+        ((1,), (64,), 0.006)
+    """
+    caps, floors = plan.max_batch_sizes, plan.min_batch_sizes
+    kept, predicted_s = best_subset(curves, plan.global_batch_size, overhead_s, caps, floors)
+    if len(kept) == plan.world_size or predicted_s >= step_s * (1.0 - margin):
+        return None
+    keep = kept.tolist()
+
+    def pick(values):
+        return [values[i] for i in keep] if values else None
+
+    sub = plan_batches(np.asarray(curves)[keep], plan.global_batch_size,
+                       max_batch_sizes=pick(caps), min_batch_sizes=pick(floors),
+                       hosts=tuple(pick(plan.hosts) or ()), devices=tuple(pick(plan.devices) or ()))
+    out = tuple(i for i in range(plan.world_size) if i not in set(keep))
+    share = sum(plan.batch_sizes[i] for i in out) / plan.global_batch_size
+    return LeaveOut(out, sub, predicted_s, step_s, share)
