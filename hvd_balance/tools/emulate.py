@@ -13,7 +13,8 @@ the rank's threads, Horovod's collectives included: a CPU rank on a weak host. A
 times its compute before the gradient allreduce (``HVD_BALANCE_SLOWDOWN``, applied by
 :mod:`hvd_balance.keras.telemetry`), while its collectives run at full speed: a slow GPU,
 whose collectives run on its host's CPU and NIC. Without ``--cpu-shares`` every rank's share
-is one core, which a rank pinned to one core cannot exceed: no quota binds.
+is one core, which a rank pinned to one core cannot exceed: no quota binds, and without root
+(or a ``cpu`` controller) ``--slowdown`` alone still runs, its ranks pinned, no cgroup made.
 
 How. As root, the launcher creates one cgroup per rank, ``hvd_balance.<launcher pid>/rank<k>``
 under the ``cpu`` controller (cgroup v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``, or
@@ -738,17 +739,26 @@ def _horovodrun_command(launch: _Launch, horovodrun: str, group_dir: str) -> Lis
 
 def _launch(argv: Sequence[str]) -> int:
     launch = _parse_launch(argv)
-    if os.geteuid() != 0:
-        return _fail(f"needs root to create cgroups (running as uid {os.geteuid()}); run as "
-                     "root or use plain horovodrun")
     try:
+        if os.geteuid() != 0:
+            raise EmulationError(f"needs root to create cgroups (running as uid {os.geteuid()})")
         controller = find_cpu_controller()
     except EmulationError as e:
-        return _fail(str(e))
+        if any(share != 1.0 for share in launch.shares):
+            return _fail(f"{e}; run as root, or emulate with --slowdown alone (it slows "
+                         "compute only, and needs no cgroup)")
+        controller = None  # --slowdown alone: the ranks are pinned, no quota to set
+        logger.warning("%s: the ranks run pinned to their cores, without cgroups", e)
     horovodrun = _find_horovodrun(launch.horovodrun)
     if horovodrun is None:
         return _fail(f"horovodrun not found (looked for {launch.horovodrun or 'horovodrun'} "
                      f"beside {sys.executable} and on PATH)")
+    if controller is None:
+        with _SignalForwarder() as signals:
+            signals.child = subprocess.Popen(_horovodrun_command(launch, horovodrun, ""))
+            rc = signals.child.wait()
+        return 128 + signals.received if signals.received is not None else (
+            128 - rc if rc < 0 else rc)
     for rank, (share, cores) in enumerate(zip(launch.shares, launch.rank_cores)):
         logger.info("rank %d: cores %s, share %s, step delay %s ms, slowdown %s", rank,
                     ",".join(map(str, cores)), _fmt(share), _fmt(launch.step_delays_ms[rank]),
@@ -815,7 +825,8 @@ def _rank_wrapper(argv: Sequence[str]) -> int:
         return _fail(f"rank wrapper: local rank {rank} outside the {len(args.shares)} "
                      "configured ranks, or no command")
     try:
-        _write(os.path.join(args.cgroup_dir, f"rank{rank}", "cgroup.procs"), str(os.getpid()))
+        if args.cgroup_dir:  # empty: --slowdown alone, without cgroups
+            _write(os.path.join(args.cgroup_dir, f"rank{rank}", "cgroup.procs"), str(os.getpid()))
         os.sched_setaffinity(0, per_rank_cores[rank])
     except OSError as e:
         return _fail(f"rank {rank}: cannot join its cgroup or pin to cores "
