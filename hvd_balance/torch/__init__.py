@@ -29,10 +29,11 @@ Example (docs/torch.md has the whole script and its diff against plain DDP)::
 from ..core.plan import Plan, PlanMismatchError
 from .comm_hook import SumHookState, allreduce_sum_hook
 from .load_balancer import PLAN_ENV, LoadBalancer
+from .memory_probe import probe_max_batch
 from .sampler import BalancedBatchSampler
 from .sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
 from .telemetry import StepTelemetry
 
 __all__ = ["BalancedBatchSampler", "LoadBalancer", "SyncBatchNorm", "convert_sync_batchnorm",
            "StepTelemetry", "SumHookState", "allreduce_sum_hook", "Plan", "PlanMismatchError",
-           "PLAN_ENV"]
+           "PLAN_ENV", "probe_max_batch"]

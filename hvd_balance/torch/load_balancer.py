@@ -19,7 +19,10 @@ from .comm_hook import SumHookState, allreduce_sum_hook
 from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
 from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window, robust_busy
+from ..core.memory_caps import check_caps_feasible, resolve_max_batch_sizes
 from ..core.plan import Plan
+from ..core.planner import plan_batches
+from .memory_probe import probe_max_batch
 
 
 PLAN_ENV = "HVD_BALANCE_PLAN"
@@ -87,6 +90,12 @@ class LoadBalancer:
             weights itself (Keras's optimizer on the torch backend,
             :mod:`hvd_balance.keras.torch_backend`): no hook is registered and the model need
             not be DDP. Default: the hook's own.
+        max_batch_size: memory caps on the local batch, in samples, that every plan keeps:
+            one int for every rank, one per rank (``None``: uncapped), a mapping by device
+            (``{"gpu": 512, "cpu": 64}``, ``{"3090": 96}``), or ``"probe"``: each GPU rank
+            finds its own by trying (:func:`~hvd_balance.torch.memory_probe.probe_max_batch`
+            on ``probe_input``; CPU ranks stay uncapped).
+        probe_input: a batch of at least one input, as the model takes it, for ``"probe"``.
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
@@ -96,7 +105,8 @@ class LoadBalancer:
 
     Raises (on every rank, naming the bad value):
         ValueError: ranks that disagree on the global batch, the data set's size, the seed
-            or the model's parameter count; a bad plan file or dict.
+            or the model's parameter count; a bad plan file or dict; caps that cannot hold
+            the global batch (naming each rank's cap), or a given plan above a cap.
         PlanMismatchError: a plan for another world size, global batch or host order.
         TypeError: a model that is not ``DistributedDataParallel`` with several ranks (and
             no ``telemetry``).
@@ -120,7 +130,8 @@ class LoadBalancer:
     def __init__(self, model: torch.nn.Module, sampler: BalancedBatchSampler, *, plan=None,
                  rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, controller=None,
-                 telemetry: Optional[StepTelemetry] = None):
+                 telemetry: Optional[StepTelemetry] = None, max_batch_size=None,
+                 probe_input=None):
         self.model, self.sampler = model, sampler
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
@@ -166,17 +177,28 @@ class LoadBalancer:
             (distributed.hostname(), describe_device(_model_device(model))))
         hosts = tuple(h for h, _ in where)
         devices = tuple(d for _, d in where)
+        caps = self._caps(max_batch_size, probe_input, model, devices, sampler.global_batch_size)
         if plan is not None:
-            start = distributed.all_ok(
-                lambda: _load_plan(plan).check(self.world_size, sampler.global_batch_size,
-                                               hosts=hosts), "hvd_balance.torch.given_plan")
-            if not start.hosts:
-                start = Plan.from_dict({**start.to_dict(), "hosts": list(hosts),
-                                        "devices": list(devices)})
+            def given():
+                start = _load_plan(plan).check(self.world_size, sampler.global_batch_size,
+                                               hosts=hosts)
+                over = [f"rank {i}: {b} > {c}" for i, (b, c) in
+                        enumerate(zip(start.batch_sizes, caps or ())) if c is not None and b > c]
+                if over:
+                    raise ValueError(f"the plan's local batches exceed the memory caps ("
+                                     f"{'; '.join(over)})")
+                return start
+            start = distributed.all_ok(given, "hvd_balance.torch.given_plan")
+            extra = {} if start.hosts else {"hosts": list(hosts), "devices": list(devices)}
+            if caps is not None:
+                extra["max_batch_sizes"] = list(caps)
+            start = Plan.from_dict({**start.to_dict(), **extra})
         else:
-            start = Plan.from_dict({**Plan.uniform(sampler.global_batch_size,
-                                                   self.world_size).to_dict(),
-                                    "hosts": list(hosts), "devices": list(devices)})
+            equal = plan_batches([1.0] * self.world_size, sampler.global_batch_size, caps)
+            start = Plan.from_dict({**Plan.from_batch_sizes(equal.batch_sizes).to_dict(),
+                                    "method": "uniform", "hosts": list(hosts),
+                                    "devices": list(devices),
+                                    "max_batch_sizes": None if caps is None else list(caps)})
         self._given = plan is not None
         self._controller = None
         self._threshold = float(threshold)
@@ -198,6 +220,31 @@ class LoadBalancer:
 
     def _make_controller(self):
         return Controller(threshold=self._threshold)
+
+    def _caps(self, max_batch_size, probe_input, model, devices, global_batch_size):
+        """Every rank's cap in samples (``None``: uncapped), the same on every rank; errors
+        name the value on every rank."""
+        if max_batch_size is None:
+            return None
+
+        def mine():
+            if max_batch_size != "probe":
+                return None
+            if probe_input is None:
+                raise ValueError("max_batch_size='probe' needs probe_input=, a batch of at least "
+                                 "one input as the model takes it")
+            device = _model_device(model)
+            if device is None or device.type != "cuda":
+                return None  # a CPU rank's memory is the host's: no probe, no cap
+            return probe_max_batch(model, probe_input, limit=global_batch_size)
+        probed = distributed.allgather_object(distributed.all_ok(mine, "hvd_balance.torch.probe"))
+
+        def resolve():
+            caps = (tuple(probed) if max_batch_size == "probe" else
+                    resolve_max_batch_sizes(max_batch_size, devices, self.world_size))
+            check_caps_feasible(caps, global_batch_size, devices)
+            return None if caps is None or all(c is None for c in caps) else caps
+        return distributed.all_ok(resolve, "hvd_balance.torch.LoadBalancer max_batch_size")
 
     # -- the training loop's calls -----------------------------------------------------------
     @property

@@ -99,6 +99,34 @@ def test_load_balancer_moves_work_off_a_slowed_rank():
     assert sum(final) == 64 and final[1] < 24, final  # 3x slower: about a quarter of 64
 
 
+def test_a_memory_cap_binds_every_plan_of_a_slowed_rank():
+    """Rank 1 is 3x slower, so the balancer would give rank 0 about 48 of 64: capped at 40,
+    every plan keeps it there."""
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=200, args=["capped", "3", "40"])
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    assert results[0]["error"] is None and results[0]["caps"] == [40, None]
+    assert results[0]["plans"] == results[1]["plans"]
+    assert all(p[0] <= 40 for p in results[0]["plans"]) and results[0]["plans"][-1] == [40, 24]
+
+
+def test_caps_too_small_for_the_global_batch_fail_on_every_rank_naming_each_cap():
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["bad_caps", "20"])
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    for r in results.values():
+        assert r["error"].startswith("ValueError: ") and \
+            "the memory caps add up to 40 samples (rank 0 cpu x1: 20, rank 1 cpu x1: 20), less " \
+            "than the global batch 64" in r["error"], r
+
+
+def test_probing_caps_leaves_cpu_ranks_uncapped():
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["probe"])
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    assert all(r["error"] is None and r["caps"] is None for r in results.values()), results
+
+
 @pytest.mark.parametrize("mode, model, leaver", [
     ("stop", "mlp", 1), ("break", "mlp", 1),
     # DDP's default broadcast_buffers=True: a broadcast of buffers from rank 0 opens each step
