@@ -14,7 +14,6 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 
 os.environ.setdefault("KERAS_BACKEND", "torch")  # before Keras is imported
 
@@ -77,12 +76,7 @@ def main():
                 json.dump({"world_size": hvd.size(), "global_batch": global_batch,
                            "local_batches": batches, "history": h, "same_weights": same_weights},
                           f, indent=1)
-    hvd.shutdown()
-    # torch 2.13's Gloo threads can abort the interpreter's exit now and then, with or
-    # without hvd_balance ("terminate called without an active exception"; pytorch PR 179291):
-    # the group is down and the output written, so leave at once.
-    sys.stdout.flush()
-    os._exit(0)
+    hvd.end_job()  # barrier, group down, exit: torch 2.13's Gloo can abort a plain exit
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ Example (docs/torch.md has the whole script and its diff against plain DDP)::
 
 from ..core.plan import Plan, PlanMismatchError
 from .comm_hook import SumHookState, allreduce_sum_hook
+from .distributed import end_job
 from .load_balancer import PLAN_ENV, LoadBalancer
 from .memory_probe import probe_max_batch
 from .sampler import BalancedBatchSampler
@@ -36,4 +37,4 @@ from .telemetry import StepTelemetry
 
 __all__ = ["BalancedBatchSampler", "LoadBalancer", "SyncBatchNorm", "convert_sync_batchnorm",
            "StepTelemetry", "SumHookState", "allreduce_sum_hook", "Plan", "PlanMismatchError",
-           "PLAN_ENV", "probe_max_batch"]
+           "PLAN_ENV", "probe_max_batch", "end_job"]

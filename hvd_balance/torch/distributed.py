@@ -251,3 +251,36 @@ def check_consistent(what: str, **values: Any) -> None:
     problems = disagreements(allgather_object(values))
     if problems:
         raise ValueError(f"{problems} ({what})")
+
+
+def end_job(exit_code: int = 0) -> None:
+    """End this rank's job cleanly: wait for every rank, take the process group down, flush
+    the output and leave the process with ``exit_code``. Call it last: it does not return.
+
+    torch 2.13's Gloo can abort the interpreter's own exit now and then, with or without
+    hvd_balance ("terminate called without an active exception"; a plain 10-line DDP script
+    failed 3 runs in 20 here one day, 0 in 20 another; pytorch PR 179291), which turns a
+    finished job into a failed one. Leaving once the group is down skips that teardown;
+    ``atexit`` handlers still run.
+
+    Example:
+        ```python
+        for epoch in range(epochs):
+            ...
+        hvd_balance.torch.end_job()
+        ```
+    """
+    import atexit
+    import os
+    import sys
+
+    if is_distributed():
+        dist.barrier()
+        dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed stream: nothing left to write
+    os._exit(int(exit_code))

@@ -59,6 +59,9 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+end_job = distributed.end_job  # the last call of a script: group down, then exit (torch 2.13)
+
+
 def is_initialized() -> bool:
     return distributed.is_distributed()
 
@@ -119,7 +122,7 @@ def broadcast_global_variables(root_rank):
         f"hvd.callbacks.BroadcastGlobalVariablesCallback({root_rank}) to model.fit's callbacks")
 
 
-__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
+__all__ = ["init", "shutdown", "end_job", "is_initialized", "size", "rank", "local_rank", "local_size",
            "cross_rank", "cross_size", "Average", "Sum", "allreduce", "allgather", "broadcast",
            "broadcast_global_variables", "DistributedOptimizer", "callbacks", "BalancedData",
            "LoadBalancer", "WeightedMetricAverage", "SyncBatchNormalization",
