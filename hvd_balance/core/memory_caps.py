@@ -168,3 +168,30 @@ def search_max_batch(fits: Callable[[int], bool], start: int = 8, limit: int = 4
         else:
             bad = mid
     return good
+
+
+def probe_cap(step: Callable[[int], None], is_oom: Callable[[BaseException], bool],
+              start: int, limit: int, safety: float,
+              after_oom: Callable[[], None] = lambda: None) -> int:
+    """``safety`` times the largest batch ``step(batch)`` runs without running out of memory
+    (at least 1), by :func:`search_max_batch`: what both edges' memory probes share.
+
+    ``step`` raises on a failed batch; an error that ``is_oom`` does not recognise is raised
+    again, an out-of-memory error counts as "does not fit" after ``after_oom()`` (freeing
+    what the failed batch left).
+    """
+    import gc
+    import math
+
+    def fits(batch: int) -> bool:
+        try:
+            step(batch)
+            return True
+        except Exception as err:  # noqa: BLE001 - only out-of-memory errors are swallowed
+            if not is_oom(err):
+                raise
+            gc.collect()
+            after_oom()
+            return False
+
+    return max(1, int(math.floor(search_max_batch(fits, start=start, limit=limit) * safety)))

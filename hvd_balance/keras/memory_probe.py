@@ -6,12 +6,11 @@ runs the real training steps it tries and tells an out-of-memory error from any 
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import tensorflow as tf
 
-from ..core.memory_caps import search_max_batch
+from ..core.memory_caps import probe_cap
 from .sync_batch_norm import local_statistics
 
 # Messages of errors that are an out-of-memory under another name (CUDA, XLA, allocators).
@@ -121,8 +120,6 @@ def probe_max_batch(model, x_sample, y_sample=None, start: int = 8, limit: int =
     """
     if not (isinstance(safety, (int, float)) and 0 < safety <= 1):
         raise ValueError(f"safety must be in (0, 1]; got {safety!r}")
-    import gc
-
     variables = []
     if model is not None:
         if not getattr(model, "built", True):
@@ -133,19 +130,8 @@ def probe_max_batch(model, x_sample, y_sample=None, start: int = 8, limit: int =
     if step is None:
         step = make_probe_step(model, x_sample, y_sample, loss=loss)
 
-    def fits(batch: int) -> bool:
-        try:
-            step(batch)
-            return True
-        except Exception as err:  # noqa: BLE001 - only out-of-memory errors are swallowed
-            if not is_oom(err):
-                raise
-            gc.collect()
-            return False
-
     try:
-        found = search_max_batch(fits, start=start, limit=limit)
+        return probe_cap(step, is_oom, start, limit, safety)
     finally:
         for v, value in zip(variables, saved):
             v.assign(value)
-    return max(1, int(math.floor(found * safety)))

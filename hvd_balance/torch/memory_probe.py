@@ -2,8 +2,8 @@
 
 What the TensorFlow edge's :mod:`hvd_balance.keras.memory_probe` does, for a torch module:
 forward and backward passes on a scratch copy of the module at growing batches (the core's
-:func:`~hvd_balance.core.memory_caps.search_max_batch`: double until out of memory, then
-bisect back), the out-of-memory error caught. The model itself, its gradients and any
+:func:`~hvd_balance.core.memory_caps.probe_cap`: double until out of memory, then bisect
+back), the out-of-memory error caught. The model itself, its gradients and any
 optimizer are never touched. Batch norm layers that sum over the ranks run locally in the
 copy: every rank probes on its own, and a collective there would wait for the others.
 """
@@ -11,14 +11,12 @@ copy: every rank probes on its own, and a collective there would wait for the ot
 from __future__ import annotations
 
 import copy
-import gc
-import math
 from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..core.memory_caps import search_max_batch
+from ..core.memory_caps import probe_cap
 
 _PLAIN_NORMS = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
 
@@ -104,17 +102,5 @@ def probe_max_batch(module: torch.nn.Module, sample_input: Any, start: int = 8,
             finally:
                 scratch.zero_grad(set_to_none=True)
 
-    def fits(batch: int) -> bool:
-        try:
-            step(batch)
-            return True
-        except Exception as err:  # noqa: BLE001 - only out-of-memory errors are swallowed
-            if not is_oom(err):
-                raise
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return False
-
-    found = search_max_batch(fits, start=start, limit=limit)
-    return max(1, int(math.floor(found * safety)))
+    return probe_cap(step, is_oom, start, limit, safety,
+                     after_oom=torch.cuda.empty_cache if torch.cuda.is_available() else lambda: None)
