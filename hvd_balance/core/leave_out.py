@@ -39,7 +39,7 @@ class LeaveOut:
         predicted_s: the predicted step without them, seconds.
         step_s: the step with them, seconds (measured, or the best plan's prediction if
             shorter).
-        share: the part of the global batch the ranks left out hold now (0 to 1).
+        share: the part of the global batch the ranks left out hold now (0 to 1, samples).
     """
 
     ranks: Tuple[int, ...]
@@ -48,20 +48,24 @@ class LeaveOut:
     step_s: float
     share: float
 
-    def message(self, launch: str, plan_path: str) -> str:
+    def message(self, launch: str, plan_path: str, written: bool = True) -> str:
         """What rank 0 prints, e.g. ``hvd_balance: the job would be faster without ranks 1, 2,
         3: with them a step takes 14.6 ms, without them 5.9 ms predicted; they hold 2 % of the
-        work. To train without them: horovodrun -np 1 -H nodeA:1 ..., LoadBalancer(plan=...)``.
+        samples. To train on rank 0 alone (gpu:H200): horovodrun -np 1 -H nodeA:1 ...``.
 
         Args:
             launch: the edge's launch command for the ranks kept (``"horovodrun -np 1"``).
-            plan_path: where :attr:`plan` was written.
+            plan_path: where :attr:`plan` was written (``written``), or was to be.
         """
         who = ("rank " if len(self.ranks) == 1 else "ranks ") + ", ".join(map(str, self.ranks))
+        kept = [i for i in range(len(self.ranks) + self.plan.world_size) if i not in self.ranks]
+        on = ("rank " if len(kept) == 1 else "ranks ") + ", ".join(map(str, kept)) + (
+            f" ({', '.join(dict.fromkeys(self.plan.devices))})" if self.plan.devices else "")
+        saved = "written now" if written else "could not be written here"
         return (f"hvd_balance: the job would be faster without {who}: with them a step takes "
                 f"{1e3 * self.step_s:.1f} ms, without them {1e3 * self.predicted_s:.1f} ms "
-                f"predicted; they hold {100 * self.share:.0f} % of the work. To train without "
-                f"them: {launch} ..., with LoadBalancer(plan={plan_path!r}) (written now)")
+                f"predicted; they hold {100 * self.share:.0f} % of the samples. To train on "
+                f"{on} alone: {launch} ..., with LoadBalancer(plan={plan_path!r}) ({saved})")
 
     def hosts_option(self) -> Optional[str]:
         """``horovodrun -H``'s value for the ranks kept (``"nodeA:2,nodeB:1"``), if hosts are
@@ -74,10 +78,16 @@ class LeaveOut:
     def announce(self, launcher: str, save_plan: Optional[str] = None) -> str:
         """Write :attr:`plan` beside ``save_plan`` (else in the working directory, which a
         cluster's hosts usually share) and return :meth:`message` for ``launcher``
-        (``"horovodrun"`` or ``"torchrun"``)."""
-        name = "hvd_balance_plan_without_" + "_".join(map(str, self.ranks)) + ".yaml"
-        path = os.path.join(os.path.dirname(save_plan) if save_plan else "", name)
-        self.plan.save(path)
+        (``"horovodrun"`` or ``"torchrun"``). A file that cannot be written is said, not
+        raised: this runs on rank 0 alone, between collectives."""
+        named = "_".join(map(str, self.ranks)) if len(self.ranks) <= 8 else f"{len(self.ranks)}"
+        path = os.path.join(os.path.dirname(save_plan) if save_plan else "",
+                            f"hvd_balance_plan_without_{named}.yaml")
+        try:
+            self.plan.save(path)
+            written = True
+        except OSError:
+            written = False
         k, hosts = self.plan.world_size, self.hosts_option()
         if launcher == "horovodrun":
             launch = f"horovodrun -np {k}" + (f" -H {hosts}" if hosts else "")
@@ -85,7 +95,7 @@ class LeaveOut:
             launch = f"{launcher} --nproc-per-node {k}"
         else:
             launch = f"{launcher} with {k} ranks on {hosts}"
-        return self.message(launch, path)
+        return self.message(launch, path, written)
 
 
 def advise(curves: np.ndarray, plan: Plan, overhead_s: float, step_s: float,

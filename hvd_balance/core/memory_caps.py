@@ -190,8 +190,9 @@ def probe_cap(step: Callable[[int], None], is_oom: Callable[[BaseException], boo
         except Exception as err:  # noqa: BLE001 - only out-of-memory errors are swallowed
             if not is_oom(err):
                 raise
-            gc.collect()
-            after_oom()
-            return False
+        # Freed outside the except block: its traceback still holds the failed step's tensors.
+        gc.collect()
+        after_oom()
+        return False
 
     return max(1, int(math.floor(search_max_batch(fits, start=start, limit=limit) * safety)))

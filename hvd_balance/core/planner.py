@@ -818,8 +818,10 @@ def best_subset(rates_or_curves, global_batch_size: int, collective_s: float,
         return np.where(k >= floors, k, 0)
 
     lo, hi = 0.0, float(cs.time(caps).max())
-    while hi - lo > 1e-12 * hi:
+    for _ in range(_SEARCH_MAX_STEPS):  # a float bracket closes in far fewer
         mid = 0.5 * (lo + hi)
+        if hi - lo <= 1e-12 * hi or not lo < mid < hi:
+            break
         if int(usable(mid).sum()) >= big:
             hi = mid
         else:

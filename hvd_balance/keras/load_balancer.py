@@ -209,12 +209,14 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def _tell(self, advice) -> Optional[List[int]]:
         """The ranks the job would be faster without; rank 0 says so (and writes the plan for
-        the others) when they change. Horovod's process sets cannot leave them out here."""
+        the others) when they differ from the last ones it named. Horovod's process sets cannot leave them out here."""
         if advice is not None and advice.ranks != self._told and self.verbose \
                 and collective.rank() == 0:
             print(advice.announce("horovodrun", self.save_plan), file=sys.stdout, flush=True)
-        self._told = None if advice is None else advice.ranks
-        return None if advice is None else list(advice.ranks)
+        if advice is None:
+            return None
+        self._told = advice.ranks  # kept through windows without advice: no repeat on flapping
+        return list(advice.ranks)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._stop_epoch_begin(epoch)

@@ -260,8 +260,10 @@ def end_job(exit_code: int = 0) -> None:
     torch 2.13's Gloo can abort the interpreter's own exit now and then, with or without
     hvd_balance ("terminate called without an active exception"; a plain 10-line DDP script
     failed 3 runs in 20 here one day, 0 in 20 another; pytorch PR 179291), which turns a
-    finished job into a failed one. Leaving once the group is down skips that teardown;
-    ``atexit`` handlers still run.
+    finished job into a failed one. Leaving once the group is down skips that teardown:
+    ``atexit`` handlers still run (CPython's ``atexit._run_exitfuncs``), but close your own
+    files and writers first, and join your threads. The barrier waits for the slowest rank
+    (a crashed rank ends it after the group's timeout).
 
     Example:
         ```python

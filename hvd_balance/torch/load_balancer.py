@@ -227,8 +227,10 @@ class LoadBalancer:
         if max_batch_size is None:
             return None
 
+        probing = isinstance(max_batch_size, str) and max_batch_size == "probe"
+
         def mine():
-            if max_batch_size != "probe":
+            if not probing:
                 return None
             if probe_input is None:
                 raise ValueError("max_batch_size='probe' needs probe_input=, a batch of at least "
@@ -236,11 +238,17 @@ class LoadBalancer:
             device = _model_device(model)
             if device is None or device.type != "cuda":
                 return None  # a CPU rank's memory is the host's: no probe, no cap
-            return probe_max_batch(model, probe_input, limit=global_batch_size)
+            limit = -(-global_batch_size * 10 // 9)  # past B by the margin: holding B, no cap
+            try:
+                return min(probe_max_batch(model, probe_input, limit=limit), global_batch_size)
+            except (ValueError, RuntimeError):
+                raise
+            except Exception as err:  # noqa: BLE001 - the model's own error, to every rank
+                raise RuntimeError(f"the memory probe failed: {type(err).__name__}: {err}") from err
         probed = distributed.allgather_object(distributed.all_ok(mine, "hvd_balance.torch.probe"))
 
         def resolve():
-            caps = (tuple(probed) if max_batch_size == "probe" else
+            caps = (tuple(probed) if probing else
                     resolve_max_batch_sizes(max_batch_size, devices, self.world_size))
             check_caps_feasible(caps, global_batch_size, devices)
             return None if caps is None or all(c is None for c in caps) else caps
@@ -390,11 +398,13 @@ class LoadBalancer:
 
     def _tell(self, advice) -> Optional[List[int]]:
         """The ranks the job would be faster without; rank 0 says so (and writes the plan for
-        the others) when they change. This edge does not leave them out by itself yet."""
+        the others) when they differ from the last ones it named. This edge does not leave them out by itself yet."""
         if advice is not None and advice.ranks != self._told and self.verbose and self.rank == 0:
             print(advice.announce("torchrun", self.save_plan), flush=True)
-        self._told = None if advice is None else advice.ranks
-        return None if advice is None else list(advice.ranks)
+        if advice is None:
+            return None
+        self._told = advice.ranks  # kept through windows without advice: no repeat on flapping
+        return list(advice.ranks)
 
     def _save(self, plan: Plan) -> None:
         if self.save_plan and self.rank == 0:

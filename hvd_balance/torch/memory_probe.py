@@ -88,7 +88,7 @@ def probe_max_batch(module: torch.nn.Module, sample_input: Any, start: int = 8,
 
     Example:
         >>> net = torch.nn.Linear(4, 2)
-        >>> probe_max_batch(net, torch.zeros(1, 4), limit=64)   # a CPU has room: the limit
+        >>> probe_max_batch(net, torch.zeros(1, 4), limit=64)   # holds the limit: 90 % of it
         57
     """
     if not (isinstance(safety, (int, float)) and 0 < safety <= 1):
