@@ -109,7 +109,7 @@ def test_the_figures_docstring_examples_hold():
     assert result.failed == 0 and result.attempted >= 5, result
 
 
-def test_summary_prints_the_balanced_share_of_ideal_with_uniform_and_balanced():
+def test_summary_prints_the_balanced_share_of_ideal_with_uniform_and_balanced(tmp_path):
     jobs = [
         _fake_job("uniform", 0, [64, 64], busy=[0.1, 0.4], wait=[0.31, 0.01], epoch_s=[2.0, 1.3]),
         _fake_job("balanced", 0, [102, 26], busy=[0.16, 0.16], wait=[0.01, 0.01],
@@ -119,7 +119,9 @@ def test_summary_prints_the_balanced_share_of_ideal_with_uniform_and_balanced():
                          "shares": [1.0, 1.0], "step_delay_ms": [0, 0], "epochs": 2,
                          "slowdown": [1.0, 4.0]},
               "jobs": jobs}
-    out = driver.finish(report, os.devnull)
+    # finish() writes a temporary file beside its target and renames it over the target:
+    # never os.devnull, which it would replace with a plain file for the whole machine.
+    out = driver.finish(report, str(tmp_path / "report.json"))
     share = out["balanced_share_of_ideal"]
     assert share["value"] == pytest.approx((1.3 / 0.65) / 2.5)  # rates 640 and 160: ideal 2.5
     assert share["ideal_speedup_from_slowdown"] == pytest.approx(2.5)
@@ -129,7 +131,7 @@ def test_summary_prints_the_balanced_share_of_ideal_with_uniform_and_balanced():
                                                                "met": False}
     # without balanced there is no such line
     alone = {"config": {**report["config"], "strategies": ["uniform"]}, "jobs": jobs[:1]}
-    assert "share of ideal" not in driver.format_summary(driver.finish(alone, os.devnull))
+    assert "share of ideal" not in driver.format_summary(driver.finish(alone, str(tmp_path / "alone.json")))
 
 
 @pytest.mark.parametrize("argv, named", [
