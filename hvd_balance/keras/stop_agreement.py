@@ -119,8 +119,8 @@ class StopAgreement:
         mine = None
         if (self.peer_note is None and getattr(self.model, "stop_training", False)
                 and done is not None and steps and done < steps):
-            mine = {"rank": rank, "fit": self.fit, "epoch": int(epoch), "batch": int(done) - 1,
-                    "steps": int(steps), "why": _why(logs)}
+            mine = {"rank": rank, "fit": self.fit, "epoch": epoch, "batch": done - 1,
+                    "steps": steps, "why": _why(logs)}  # post makes numpy's numbers plain
             self.board.post(mine)
         elif self.peer_note is None:
             if not self._leaders():

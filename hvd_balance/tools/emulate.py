@@ -753,12 +753,6 @@ def _launch(argv: Sequence[str]) -> int:
     if horovodrun is None:
         return _fail(f"horovodrun not found (looked for {launch.horovodrun or 'horovodrun'} "
                      f"beside {sys.executable} and on PATH)")
-    if controller is None:
-        with _SignalForwarder() as signals:
-            signals.child = subprocess.Popen(_horovodrun_command(launch, horovodrun, ""))
-            rc = signals.child.wait()
-        return 128 + signals.received if signals.received is not None else (
-            128 - rc if rc < 0 else rc)
     for rank, (share, cores) in enumerate(zip(launch.shares, launch.rank_cores)):
         logger.info("rank %d: cores %s, share %s, step delay %s ms, slowdown %s", rank,
                     ",".join(map(str, cores)), _fmt(share), _fmt(launch.step_delays_ms[rank]),
@@ -766,15 +760,17 @@ def _launch(argv: Sequence[str]) -> int:
         if share > len(cores):
             logger.warning("rank %d: share %s is more than the %d core(s) it is pinned to",
                            rank, _fmt(share), len(cores))
-    remove_stale_groups(controller)
-
-    groups = CpuQuotaGroups(launch.shares, launch.period_us, controller, weight=launch.weight)
+    groups = None
+    if controller is not None:
+        remove_stale_groups(controller)
+        groups = CpuQuotaGroups(launch.shares, launch.period_us, controller, weight=launch.weight)
     rc = EXIT_SETUP_ERROR
     cleanup_failed = False
     with _SignalForwarder() as signals:
         try:
-            groups.create()
-            command = _horovodrun_command(launch, horovodrun, groups.path)
+            if groups is not None:
+                groups.create()
+            command = _horovodrun_command(launch, horovodrun, "" if groups is None else groups.path)
             logger.info("running %s", shlex.join(command))
             if signals.received is None:
                 signals.child = subprocess.Popen(command)
@@ -795,7 +791,8 @@ def _launch(argv: Sequence[str]) -> int:
                     signals.stop_child(kill=True)
                     child.wait()
             try:
-                groups.remove()
+                if groups is not None:
+                    groups.remove()
             except EmulationError as e:
                 print(f"hvd_balance.emulate: {e}; remove it by hand (rmdir)", file=sys.stderr)
                 cleanup_failed = True
