@@ -212,13 +212,17 @@ def all_ok(fn: Callable[[], Any], what: str) -> Any:
     """``fn()`` on every rank; if it raises on any rank, the same error is raised on all.
 
     The error keeps the failing rank's type (``ValueError``, ``TypeError``, else
-    ``RuntimeError``) and message, prefixed with the rank(s) it happened on, e.g.
-    ``rank 1: plan file 'p.yaml': ranks[0].local_batch must be an integer >= 1; got 0``.
+    ``RuntimeError``, its text naming the original type) and message, prefixed with the
+    rank(s) it happened on, e.g. ``rank 1: plan file 'p.yaml': ranks[0].local_batch must be
+    an integer >= 1; got 0``. Any exception counts (as on the TensorFlow edge): one that
+    escaped on some ranks alone would leave the others in the gather.
     """
     try:
         result, error = fn(), None
-    except (ValueError, TypeError, RuntimeError, OSError) as err:
-        result, error = None, (type(err).__name__, str(err))
+    except Exception as err:  # noqa: BLE001 - raised again on every rank below
+        kind = type(err).__name__
+        text = str(err) if kind in _ERRORS or kind == "RuntimeError" else f"{kind}: {err}"
+        result, error = None, (kind, text)
     errors = allgather_object(error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:

@@ -239,12 +239,7 @@ class LoadBalancer:
             if device is None or device.type != "cuda":
                 return None  # a CPU rank's memory is the host's: no probe, no cap
             limit = -(-global_batch_size * 10 // 9)  # past B by the margin: holding B, no cap
-            try:
-                return min(probe_max_batch(model, probe_input, limit=limit), global_batch_size)
-            except (ValueError, RuntimeError):
-                raise
-            except Exception as err:  # noqa: BLE001 - the model's own error, to every rank
-                raise RuntimeError(f"the memory probe failed: {type(err).__name__}: {err}") from err
+            return min(probe_max_batch(model, probe_input, limit=limit), global_batch_size)
         probed = distributed.allgather_object(distributed.all_ok(mine, "hvd_balance.torch.probe"))
 
         def resolve():

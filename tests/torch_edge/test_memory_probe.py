@@ -49,3 +49,18 @@ def test_the_probe_leaves_the_model_as_it_was():
     assert hb.probe_max_batch(net, (torch.randn(3, 4),)[0], limit=32) == 28  # floor(32 * 0.9)
     assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
     assert all(p.grad is None for p in net.parameters())
+
+
+def test_a_model_error_in_the_probe_becomes_every_ranks_error():
+    """distributed.all_ok (which the LoadBalancer runs the probe in) takes any exception, as
+    the TensorFlow edge's does: one that escaped on the GPU ranks alone left the CPU ranks in
+    the gather. In one process the gather is this rank's own."""
+    from hvd_balance.torch import distributed
+
+    class Broken(torch.nn.Module):
+        def forward(self, x):
+            return {"no tensor": None}["missing"]
+
+    with pytest.raises(RuntimeError, match=r"rank 0: KeyError: 'missing' \(hvd_balance.torch.probe\)"):
+        distributed.all_ok(lambda: hb.probe_max_batch(Broken(), torch.zeros(1, 4), limit=8),
+                           "hvd_balance.torch.probe")
