@@ -48,7 +48,8 @@ class LeaveOut:
     step_s: float
     share: float
 
-    def message(self, launch: str, plan_path: str, written: bool = True) -> str:
+    def message(self, launch: str, plan_path: str, written: bool = True,
+                takes: str = "LoadBalancer") -> str:
         """What rank 0 prints, e.g. ``hvd_balance: the job would be faster without ranks 1, 2,
         3: with them a step takes 14.6 ms, without them 5.9 ms predicted; they hold 2 % of the
         samples. To train on rank 0 alone (gpu:H200): horovodrun -np 1 -H nodeA:1 ...``.
@@ -56,6 +57,7 @@ class LeaveOut:
         Args:
             launch: the edge's launch command for the ranks kept (``"horovodrun -np 1"``).
             plan_path: where :attr:`plan` was written (``written``), or was to be.
+            takes: the class whose ``plan=`` reads that file.
         """
         who = ("rank " if len(self.ranks) == 1 else "ranks ") + ", ".join(map(str, self.ranks))
         kept = [i for i in range(len(self.ranks) + self.plan.world_size) if i not in self.ranks]
@@ -65,7 +67,7 @@ class LeaveOut:
         return (f"hvd_balance: the job would be faster without {who}: with them a step takes "
                 f"{1e3 * self.step_s:.1f} ms, without them {1e3 * self.predicted_s:.1f} ms "
                 f"predicted; they hold {100 * self.share:.0f} % of the samples. To train on "
-                f"{on} alone: {launch} ..., with LoadBalancer(plan={plan_path!r}) ({saved})")
+                f"{on} alone: {launch} ..., with {takes}(plan={plan_path!r}) ({saved})")
 
     def hosts_option(self) -> Optional[str]:
         """``horovodrun -H``'s value for the ranks kept (``"nodeA:2,nodeB:1"``), if hosts are
@@ -75,11 +77,13 @@ class LeaveOut:
             return None
         return ",".join(f"{h}:{hosts.count(h)}" for h in dict.fromkeys(hosts))
 
-    def announce(self, launcher: str, save_plan: Optional[str] = None) -> str:
+    def announce(self, launcher: str, save_plan: Optional[str] = None,
+                 takes: str = "LoadBalancer") -> str:
         """Write :attr:`plan` beside ``save_plan`` (else in the working directory, which a
         cluster's hosts usually share) and return :meth:`message` for ``launcher``
-        (``"horovodrun"`` or ``"torchrun"``). A file that cannot be written is said, not
-        raised: this runs on rank 0 alone, between collectives."""
+        (``"horovodrun"`` or ``"torchrun"``) and the class ``takes`` that reads the plan. A
+        file that cannot be written is said, not raised: this runs on rank 0 alone, between
+        collectives."""
         named = "_".join(map(str, self.ranks)) if len(self.ranks) <= 8 else f"{len(self.ranks)}"
         path = os.path.join(os.path.dirname(save_plan) if save_plan else "",
                             f"hvd_balance_plan_without_{named}.yaml")
@@ -95,7 +99,7 @@ class LeaveOut:
             launch = f"{launcher} --nproc-per-node {k}"
         else:
             launch = f"{launcher} with {k} ranks on {hosts}"
-        return self.message(launch, path, written)
+        return self.message(launch, path, written, takes)
 
 
 def advise(curves: np.ndarray, plan: Plan, overhead_s: float, step_s: float,

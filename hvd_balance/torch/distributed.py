@@ -11,8 +11,9 @@ default) goes through :func:`watch_buffer_broadcasts`, the one place that names 
 method for it, so the mid-epoch stop (:mod:`.stop`) sees and replays it like the sums.
 
 The seconds a rank spends inside the collectives of synchronized layers (:func:`all_reduce_sum`
-with ``timed=True``) are added to one per-process total, :func:`collective_seconds`, which the
-telemetry counts as waiting, not compute.
+with ``timed=True``, or any collective under :func:`counted_as_wait`) are added to one
+per-process total, :func:`collective_seconds`, which the telemetry counts as waiting, not
+compute.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import socket
 import time
 import weakref
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, List, Optional
 
 import torch
@@ -123,36 +125,46 @@ def collective_seconds() -> float:
     return _collective_s
 
 
+@contextmanager
+def counted_as_wait(device: torch.device):
+    """Adds the seconds spent inside (a collective: waiting, not compute) to
+    :func:`collective_seconds`; an accelerator's pending work is waited for first, so it
+    counts as compute."""
+    global _collective_s
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.current_stream(device).synchronize()
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if cuda:
+            torch.cuda.current_stream(device).synchronize()
+        _collective_s += time.perf_counter() - start
+
+
 def all_reduce_sum(tensor: torch.Tensor, timed: bool = False, in_step: bool = True) -> torch.Tensor:
     """The element-wise sum of ``tensor`` over all ranks (a new tensor on ``tensor``'s device).
 
-    With ``timed``, the seconds from the call to the result being back are added to
-    :func:`collective_seconds` (an accelerator's pending work is waited for first, so it
-    counts as compute). ``in_step=False``: a sum outside any training step (an epoch's
-    metrics), which the watcher is not told of.
+    With ``timed``, its seconds are added to :func:`collective_seconds`
+    (:func:`counted_as_wait`).
+    ``in_step=False``: a sum outside any training step (an epoch's metrics), which the
+    watcher is not told of.
     """
-    global _collective_s
     if not is_distributed():
         return tensor.clone()
-    if timed and tensor.device.type == "cuda":
-        torch.cuda.current_stream(tensor.device).synchronize()
-    start = time.perf_counter()
-    if needs_staging(tensor):
-        host = tensor.detach().to("cpu", copy=True)
-        if in_step:
-            entering(host)
-        dist.all_reduce(host, op=dist.ReduceOp.SUM)
-        out = host.to(tensor.device)
-    else:
+    with counted_as_wait(tensor.device) if timed else nullcontext():
+        if needs_staging(tensor):
+            host = tensor.detach().to("cpu", copy=True)
+            if in_step:
+                entering(host)
+            dist.all_reduce(host, op=dist.ReduceOp.SUM)
+            return host.to(tensor.device)
         out = tensor.detach().clone()
         if in_step:
             entering(out)
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    if timed:
-        if out.device.type == "cuda":
-            torch.cuda.current_stream(out.device).synchronize()
-        _collective_s += time.perf_counter() - start
-    return out
+        return out
 
 
 def _per_dtype(tensors: List[torch.Tensor], collective: Callable[[torch.Tensor], torch.Tensor]

@@ -96,12 +96,16 @@ class LoadBalancer:
             finds its own by trying (:func:`~hvd_balance.torch.memory_probe.probe_max_batch`
             on ``probe_input``; CPU ranks stay uncapped).
         probe_input: a batch of at least one input, as the model takes it, for ``"probe"``.
+        guard: watch for a rank that leaves its loop mid-epoch (above). ``False`` where the
+            caller ends every rank's loop at the same step itself (Lightning's ``Trainer``).
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
         history: one dict per window (epoch, step, decision, batch sizes, busy and wait,
             ``leave_out``: the ranks the job would be faster without, or ``None``).
         stopped: ``None``, or who left the loop first: rank, epoch, step, steps, why.
+        takes_plan: the class that rank 0's advice to leave ranks out names as the reader of
+            its plan file (``"LoadBalancer"``; the Lightning strategy's own name there).
 
     Raises (on every rank, naming the bad value):
         ValueError: ranks that disagree on the global batch, the data set's size, the seed
@@ -127,11 +131,13 @@ class LoadBalancer:
         ```
     """
 
+    takes_plan = "LoadBalancer"
+
     def __init__(self, model: torch.nn.Module, sampler: BalancedBatchSampler, *, plan=None,
                  rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, controller=None,
                  telemetry: Optional[StepTelemetry] = None, max_batch_size=None,
-                 probe_input=None):
+                 probe_input=None, guard: bool = True):
         self.model, self.sampler = model, sampler
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
@@ -216,7 +222,8 @@ class LoadBalancer:
         self._report(start, "start")
         # Every step runs a gradient sum the guard can replay: the hook's, or the caller's.
         self._guard = (stop_guard.StopGuard(sampler, lambda: (sampler.epoch, self._current_step()))
-                       if (self._hooked or self._caller_sums) and self.world_size > 1 else None)
+                       if guard and (self._hooked or self._caller_sums) and self.world_size > 1
+                       else None)
 
     def _make_controller(self):
         return Controller(threshold=self._threshold)
@@ -395,7 +402,7 @@ class LoadBalancer:
         """The ranks the job would be faster without; rank 0 says so (and writes the plan for
         the others) when they differ from the last ones it named. This edge does not leave them out by itself yet."""
         if advice is not None and advice.ranks != self._told and self.verbose and self.rank == 0:
-            print(advice.announce("torchrun", self.save_plan), flush=True)
+            print(advice.announce("torchrun", self.save_plan, self.takes_plan), flush=True)
         if advice is None:
             return None
         self._told = advice.ranks  # kept through windows without advice: no repeat on flapping

@@ -27,15 +27,16 @@ def is_out_of_memory(err: BaseException) -> bool:
     return (bool(oom) and isinstance(err, oom)) or "out of memory" in str(err).lower()
 
 
-def _tile(sample: Any, batch: int) -> Any:
+def _tile(sample: Any, batch: int, device: Optional[torch.device] = None) -> Any:
     """``sample`` (tensors with a batch dimension, nested in tuples, lists or dicts) repeated
-    along the batch dimension to ``batch`` rows."""
+    along the batch dimension to ``batch`` rows, on ``device`` (default: where it is)."""
     if isinstance(sample, torch.Tensor):
+        sample = sample.to(device) if device is not None else sample
         return sample[torch.arange(batch, device=sample.device) % sample.shape[0]]
     if isinstance(sample, (list, tuple)):
-        return type(sample)(_tile(s, batch) for s in sample)
+        return type(sample)(_tile(s, batch, device) for s in sample)
     if isinstance(sample, dict):
-        return {k: _tile(v, batch) for k, v in sample.items()}
+        return {k: _tile(v, batch, device) for k, v in sample.items()}
     return sample
 
 
@@ -71,7 +72,8 @@ def probe_max_batch(module: torch.nn.Module, sample_input: Any, start: int = 8,
     Args:
         module: the model (or its DDP wrapper), on its device.
         sample_input: a batch of at least one input, as the model takes it (a tensor, or
-            tensors in tuples, lists or dicts), repeated to each probed batch.
+            tensors in tuples, lists or dicts), repeated to each probed batch on the
+            module's device.
         start: the first batch tried, in samples.
         limit: the largest batch tried: the global batch (no rank needs more).
         safety: the fraction of the largest batch that ran that is returned (0 < safety <= 1):
@@ -95,10 +97,11 @@ def probe_max_batch(module: torch.nn.Module, sample_input: Any, start: int = 8,
         raise ValueError(f"safety must be in (0, 1]; got {safety!r}")
     if step is None:
         scratch = _scratch_copy(module)
+        device = next(scratch.parameters(), torch.empty(0)).device
 
         def step(batch: int) -> None:
             try:
-                _outputs_sum(scratch(_tile(sample_input, batch))).backward()
+                _outputs_sum(scratch(_tile(sample_input, batch, device))).backward()
             finally:
                 scratch.zero_grad(set_to_none=True)
 

@@ -96,6 +96,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         """This rank's samples per step under the latest plan."""
         return self.plan.batch_sizes[self.rank]
 
+    @property
+    def sampler(self) -> "BalancedBatchSampler":
+        """This sampler itself: where Lightning looks for :meth:`set_epoch` in a batch sampler
+        (``batch_sampler.sampler``, a ``BatchSampler``'s)."""
+        return self
+
     # -- control -----------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose permutation the next iterator draws (as ``DistributedSampler``).

@@ -113,24 +113,44 @@ class SyncBatchNorm(_BatchNorm):
         return out
 
 
+def _swap_batch_norm(module: torch.nn.Module, make) -> torch.nn.Module:
+    """``make(module)`` (a new batch norm layer) holding ``module``'s weights, buffers and
+    mode."""
+    out = make(module)
+    if module.affine:
+        with torch.no_grad():
+            out.weight = module.weight
+            out.bias = module.bias
+    out.running_mean = module.running_mean
+    out.running_var = module.running_var
+    out.num_batches_tracked = module.num_batches_tracked
+    out.training = module.training
+    if hasattr(module, "qconfig"):
+        out.qconfig = module.qconfig
+    return out
+
+
 def convert_sync_batchnorm(module: torch.nn.Module) -> torch.nn.Module:
     """``module`` with every batch norm layer replaced by :class:`SyncBatchNorm` (weights,
     buffers and mode kept), as ``torch.nn.SyncBatchNorm.convert_sync_batchnorm``; call it
     before wrapping the model in DDP."""
     out = module
     if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
-        out = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                            module.track_running_stats)
-        if module.affine:
-            with torch.no_grad():
-                out.weight = module.weight
-                out.bias = module.bias
-        out.running_mean = module.running_mean
-        out.running_var = module.running_var
-        out.num_batches_tracked = module.num_batches_tracked
-        out.training = module.training
-        if hasattr(module, "qconfig"):
-            out.qconfig = module.qconfig
+        out = _swap_batch_norm(module, lambda m: SyncBatchNorm(
+            m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats))
+        out.replaced = type(module)  # what revert_sync_batchnorm puts back
     for name, child in module.named_children():
         out.add_module(name, convert_sync_batchnorm(child))
+    return out
+
+
+def revert_sync_batchnorm(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` with every :class:`SyncBatchNorm` that :func:`convert_sync_batchnorm` made
+    back to the layer it replaced (weights, buffers and mode kept)."""
+    out = module
+    if isinstance(module, SyncBatchNorm) and hasattr(module, "replaced"):
+        out = _swap_batch_norm(module, lambda m: m.replaced(
+            m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats))
+    for name, child in module.named_children():
+        out.add_module(name, revert_sync_batchnorm(child))
     return out

@@ -1,0 +1,181 @@
+"""``hvd_balance.lightning``: balanced, exact training in a Lightning ``Trainer``.
+
+One class, :class:`BalancedDDPStrategy`, Lightning's ``DDPStrategy`` with the torch edge's
+parts put where Lightning has a place for them:
+
+=============================  ===========================================================
+Lightning                      hvd_balance.torch
+=============================  ===========================================================
+``process_dataloader``         the training loader draws from a :class:`BalancedBatchSampler`
+                               (in place of Lightning's ``DistributedSampler``)
+``configure_ddp``, the loader  a :class:`LoadBalancer` on the DDP model (the summing hook)
+``backward``                   the loss times ``b_i / B`` (:meth:`LoadBalancer.scale`)
+``optimizer_step``             :meth:`LoadBalancer.step` after the optimizer's (the windows)
+``reduce`` in a training step  ``self.log(..., sync_dist=True)`` weighted by ``b_i / B``
+``sync_batchnorm=True``        :class:`hvd_balance.torch.SyncBatchNorm` (CPU and GPU ranks)
+=============================  ===========================================================
+
+Everything else (validation, checkpoints, loggers, callbacks) is Lightning's own.
+docs/lightning.md has the diff of a script and what differs from ``DDPStrategy``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.plugins.layer_sync import LayerSync
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import RunningStage
+from torch.utils.data import DataLoader, IterableDataset
+
+from .core.controller import DEFAULT_THRESHOLD
+from .torch import distributed
+from .torch.load_balancer import LoadBalancer
+from .torch.sampler import BalancedBatchSampler
+from .torch.sync_batch_norm import convert_sync_batchnorm, revert_sync_batchnorm
+
+# The DataLoader arguments a rebuilt training loader keeps from the user's.
+_LOADER_KEPT = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+                "multiprocessing_context", "generator", "persistent_workers", "pin_memory_device")
+
+
+class BalancedSyncBatchNorm(LayerSync):
+    """Lightning's ``sync_batchnorm=True`` with :class:`hvd_balance.torch.SyncBatchNorm`:
+    exact under unequal local batches, on CPU ranks as on GPUs."""
+
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
+        return convert_sync_batchnorm(model)
+
+    def revert(self, model: torch.nn.Module) -> torch.nn.Module:
+        return revert_sync_batchnorm(model)
+
+
+class BalancedDDPStrategy(DDPStrategy):
+    """Lightning's DDP with a local batch per rank sized to its speed, and the same update as
+    one process on the global batch.
+
+    The training loader's ``batch_size`` is per device, as in Lightning's DDP: the global
+    batch is ``B = batch_size * world_size`` samples a step (or ``global_batch_size``). Each
+    rank draws its share ``b_i`` of every step's ``B`` samples from one seeded permutation per
+    epoch (the remainder ``N mod B`` is dropped, never padded), its loss is weighted by
+    ``b_i / B`` before backward and DDP sums the gradients. After the first few steps and at
+    every epoch's end the ranks' step times are gathered and the plan may change
+    (:class:`hvd_balance.torch.LoadBalancer`: its arguments below mean the same there).
+
+    Args:
+        global_batch_size: ``B`` in samples; default: the loader's ``batch_size`` times the
+            number of ranks.
+        seed: the shuffle seed; default: ``seed_everything``'s (``PL_GLOBAL_SEED``), else 0.
+        plan, rebalance, threshold, save_plan, verbose, max_batch_size, probe_input: as
+            :class:`~hvd_balance.torch.LoadBalancer`'s (a plan, windows, memory caps).
+        **ddp_kwargs: Lightning's ``DDPStrategy`` arguments (``process_group_backend``,
+            ``timeout``, DDP's own keyword arguments).
+
+    Attributes:
+        balancer: the :class:`~hvd_balance.torch.LoadBalancer` (``None`` until the training
+            loader is set up): ``plan``, ``history``.
+
+    Raises (on every rank, naming the value):
+        ValueError: a training loader without ``batch_size`` and no ``global_batch_size``;
+            ``accumulate_grad_batches`` other than 1; anything ``LoadBalancer`` refuses.
+        TypeError: a training loader that is not a ``DataLoader`` over a map-style dataset.
+
+    Example:
+        ```python
+        import hvd_balance.lightning as hbl
+
+        trainer = L.Trainer(max_epochs=5, accelerator="gpu", devices=2,
+                            strategy=hbl.BalancedDDPStrategy())
+        trainer.fit(model, DataLoader(dataset, batch_size=64))   # 128 samples a step
+        ```
+    """
+
+    strategy_name = "balanced_ddp"
+
+    def __init__(self, global_batch_size: Optional[int] = None, *, seed: Optional[int] = None,
+                 plan=None, rebalance=None, threshold: float = DEFAULT_THRESHOLD,
+                 save_plan: Optional[str] = None, verbose: int = 1, max_batch_size=None,
+                 probe_input=None, **ddp_kwargs: Any):
+        super().__init__(**ddp_kwargs)
+        self.global_batch_size = global_batch_size
+        self.seed = seed
+        self._balancer_kwargs = dict(plan=plan, rebalance=rebalance, threshold=threshold,
+                                     save_plan=save_plan, verbose=verbose,
+                                     max_batch_size=max_batch_size, probe_input=probe_input)
+        self.balancer: Optional[LoadBalancer] = None
+        self._in_training_step = False
+
+    # -- set-up ----------------------------------------------------------------------------
+    def setup(self, trainer) -> None:
+        accumulate = trainer.accumulate_grad_batches
+
+        def check():
+            if accumulate != 1:
+                raise ValueError(f"BalancedDDPStrategy needs accumulate_grad_batches=1; got "
+                                 f"{accumulate} (raise the global batch instead)")
+        distributed.all_ok(check, "hvd_balance.lightning.BalancedDDPStrategy")
+        if self._layer_sync is not None:
+            self._layer_sync = BalancedSyncBatchNorm()
+        super().setup(trainer)
+
+    def process_dataloader(self, dataloader: object) -> object:
+        """The training loader, rebuilt to draw this rank's balanced batches; others as they are."""
+        if self.lightning_module.trainer.state.stage != RunningStage.TRAINING:
+            return dataloader
+        world = distributed.world_size()
+
+        def check():
+            if not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset,
+                                                                      IterableDataset):
+                raise TypeError("BalancedDDPStrategy needs a torch DataLoader over a map-style "
+                                f"dataset for training; got {type(dataloader).__name__}")
+            if self.global_batch_size is None and dataloader.batch_size is None:
+                raise ValueError("the training DataLoader has no batch_size (a batch_sampler?): "
+                                 "give BalancedDDPStrategy(global_batch_size=...)")
+        distributed.all_ok(check, "hvd_balance.lightning training loader")
+        if self.balancer is None:
+            global_batch = self.global_batch_size or dataloader.batch_size * world
+            seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+            sampler = BalancedBatchSampler(dataloader.dataset, global_batch, seed=seed)
+            self.balancer = LoadBalancer(self.model, sampler, guard=False, **self._balancer_kwargs)
+            self.balancer.takes_plan = type(self).__name__
+        kept = {k: getattr(dataloader, k) for k in _LOADER_KEPT if hasattr(dataloader, k)}
+        if dataloader.num_workers > 0:
+            kept["prefetch_factor"] = dataloader.prefetch_factor
+        return DataLoader(dataloader.dataset, batch_sampler=self.balancer.sampler, **kept)
+
+    # -- every step ------------------------------------------------------------------------
+    def training_step(self, *args: Any, **kwargs: Any):
+        self._in_training_step = True
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            self._in_training_step = False
+
+    def backward(self, closure_loss: torch.Tensor, optimizer, *args: Any, **kwargs: Any):
+        """Backward from this rank's share of the global batch's mean loss, ``b_i / B`` times
+        its own (DDP's hook sums the ranks' gradients)."""
+        if self.balancer is not None and self.lightning_module.trainer.training:
+            closure_loss = self.balancer.scale(closure_loss)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any):
+        out = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self.balancer is not None and self.lightning_module.trainer.training:
+            self.balancer.step()
+        return out
+
+    def reduce(self, tensor, group: Optional[Any] = None, reduce_op="mean"):
+        """As ``DDPStrategy.reduce``, except in a training step (``self.log(...,
+        sync_dist=True)``): a mean over the ranks weights each by its samples, ``b_i / B`` (the
+        global batch's mean, as one process logs it), and the seconds count as waiting, not as
+        this rank's work (the ranks meet there)."""
+        if not (self._in_training_step and self.balancer is not None
+                and isinstance(tensor, torch.Tensor)):
+            return super().reduce(tensor, group, reduce_op)
+        with distributed.counted_as_wait(tensor.device):
+            if group is None and isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg"):
+                return super().reduce(tensor * self.balancer.weight, group, reduce_op="sum")
+            return super().reduce(tensor, group, reduce_op)
