@@ -1,9 +1,10 @@
 """A Lightning script made balanced: the lines marked ``# hvd_balance`` are all that changed
 (docs/lightning.md shows the diff).
 
-    python examples/lightning_mixed_gpus.py                      # every GPU here (e.g. a 3090 and a 3060)
+    python examples/lightning_mixed_gpus.py      # every GPU here (e.g. a 3090 and a 3060)
     python examples/lightning_mixed_gpus.py --accelerator cpu --devices 2
-    torchrun --standalone --nproc-per-node 2 examples/lightning_mixed_gpus.py --accelerator cpu --devices 2
+    torchrun --standalone --nproc-per-node 2 examples/lightning_mixed_gpus.py \
+        --accelerator cpu --devices 2
 
 Synthetic data (a linear rule on 20 features), an MLP with batch norm, 64 samples per device
 and step as in Lightning's DDP (128 a step on 2 devices); each device's local batch follows its
@@ -18,7 +19,6 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import hvd_balance.lightning as hbl  # hvd_balance
-import hvd_balance.torch as hb  # hvd_balance
 
 
 class Classifier(pl.LightningModule):
@@ -66,4 +66,4 @@ if trainer.is_global_zero:
     print(f"train_loss {float(trainer.callback_metrics['train_loss']):.4f}, "
           f"val_accuracy {float(trainer.callback_metrics['val_accuracy']):.4f}, "
           f"local batches {list(strategy.balancer.plan.batch_sizes)}", flush=True)
-hb.end_job()  # hvd_balance: barrier, group down, exit (torch 2.13's Gloo can abort a plain exit)
+hbl.end_job()  # hvd_balance (optional): a clean exit, which torch 2.13's Gloo may abort

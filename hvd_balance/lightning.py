@@ -10,12 +10,13 @@ Lightning                      hvd_balance.torch
                                (in place of Lightning's ``DistributedSampler``)
 ``configure_ddp``, the loader  a :class:`LoadBalancer` on the DDP model (the summing hook)
 ``backward``                   the loss times ``b_i / B`` (:meth:`LoadBalancer.scale`)
-``optimizer_step``             :meth:`LoadBalancer.step` after the optimizer's (the windows)
+``on_train_batch_end``         :meth:`LoadBalancer.step` once a batch (the windows)
 ``reduce`` in a training step  ``self.log(..., sync_dist=True)`` weighted by ``b_i / B``
 ``sync_batchnorm=True``        :class:`hvd_balance.torch.SyncBatchNorm` (CPU and GPU ranks)
 =============================  ===========================================================
 
 Everything else (validation, checkpoints, loggers, callbacks) is Lightning's own.
+:func:`end_job` is :func:`hvd_balance.torch.end_job` (a clean exit on torch 2.13's Gloo).
 docs/lightning.md has the diff of a script and what differs from ``DDPStrategy``.
 """
 
@@ -25,20 +26,28 @@ import os
 from typing import Any, Optional
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.layer_sync import LayerSync
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset,
+                              RandomSampler, SequentialSampler)
 
 from .core.controller import DEFAULT_THRESHOLD
 from .torch import distributed
+from .torch.distributed import end_job
 from .torch.load_balancer import LoadBalancer
 from .torch.sampler import BalancedBatchSampler
 from .torch.sync_batch_norm import convert_sync_batchnorm, revert_sync_batchnorm
 
+__all__ = ["BalancedDDPStrategy", "BalancedSyncBatchNorm", "end_job"]
+
 # The DataLoader arguments a rebuilt training loader keeps from the user's.
 _LOADER_KEPT = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-                "multiprocessing_context", "generator", "persistent_workers", "pin_memory_device")
+                "multiprocessing_context", "generator", "persistent_workers", "pin_memory_device",
+                "in_order")
+# The samplers whose order the balanced sampler's seeded permutation stands in for.
+_PLAIN_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 
 
 class BalancedSyncBatchNorm(LayerSync):
@@ -50,6 +59,18 @@ class BalancedSyncBatchNorm(LayerSync):
 
     def revert(self, model: torch.nn.Module) -> torch.nn.Module:
         return revert_sync_batchnorm(model)
+
+
+class _StepEnd(Callback):
+    """Closes each training batch's step on the balancer, once a batch whatever the number of
+    optimizer steps (manual optimization, several optimizers)."""
+
+    def __init__(self, strategy: "BalancedDDPStrategy"):
+        self.strategy = strategy
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.strategy.balancer is not None:
+            self.strategy.balancer.step()
 
 
 class BalancedDDPStrategy(DDPStrategy):
@@ -68,19 +89,23 @@ class BalancedDDPStrategy(DDPStrategy):
         global_batch_size: ``B`` in samples; default: the loader's ``batch_size`` times the
             number of ranks.
         seed: the shuffle seed; default: ``seed_everything``'s (``PL_GLOBAL_SEED``), else 0.
-        plan, rebalance, threshold, save_plan, verbose, max_batch_size, probe_input: as
-            :class:`~hvd_balance.torch.LoadBalancer`'s (a plan, windows, memory caps).
+        plan, rebalance, threshold, save_plan, verbose, max_batch_size, probe_input,
+            controller: as :class:`~hvd_balance.torch.LoadBalancer`'s (a plan, windows,
+            memory caps).
         **ddp_kwargs: Lightning's ``DDPStrategy`` arguments (``process_group_backend``,
-            ``timeout``, DDP's own keyword arguments).
+            ``timeout``, DDP's own keyword arguments); not a communication hook, the
+            strategy registers its own.
 
     Attributes:
-        balancer: the :class:`~hvd_balance.torch.LoadBalancer` (``None`` until the training
-            loader is set up): ``plan``, ``history``.
+        balancer: the :class:`~hvd_balance.torch.LoadBalancer` of the latest fit (``None``
+            until its training loader is set up): ``plan``, ``history``.
 
     Raises (on every rank, naming the value):
-        ValueError: a training loader without ``batch_size`` and no ``global_batch_size``;
-            ``accumulate_grad_batches`` other than 1; anything ``LoadBalancer`` refuses.
-        TypeError: a training loader that is not a ``DataLoader`` over a map-style dataset.
+        ValueError: ``accumulate_grad_batches`` other than 1; a training loader whose data
+            set or batch changed on reload; anything ``LoadBalancer`` refuses.
+        TypeError: a training loader that is not a plain ``DataLoader`` over a map-style
+            dataset with a random or sequential sampler; several training loaders; a
+            ``ddp_comm_hook``.
 
     Example:
         ```python
@@ -97,46 +122,61 @@ class BalancedDDPStrategy(DDPStrategy):
     def __init__(self, global_batch_size: Optional[int] = None, *, seed: Optional[int] = None,
                  plan=None, rebalance=None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, max_batch_size=None,
-                 probe_input=None, **ddp_kwargs: Any):
+                 probe_input=None, controller=None, **ddp_kwargs: Any):
+        if ddp_kwargs.get("ddp_comm_hook") is not None:
+            raise TypeError("BalancedDDPStrategy registers its own DDP communication hook (a "
+                            f"sum); got ddp_comm_hook={ddp_kwargs['ddp_comm_hook']!r}")
         super().__init__(**ddp_kwargs)
         self.global_batch_size = global_batch_size
         self.seed = seed
         self._balancer_kwargs = dict(plan=plan, rebalance=rebalance, threshold=threshold,
                                      save_plan=save_plan, verbose=verbose,
-                                     max_batch_size=max_batch_size, probe_input=probe_input)
+                                     max_batch_size=max_batch_size, probe_input=probe_input,
+                                     controller=controller)
         self.balancer: Optional[LoadBalancer] = None
         self._in_training_step = False
 
     # -- set-up ----------------------------------------------------------------------------
     def setup(self, trainer) -> None:
-        accumulate = trainer.accumulate_grad_batches
-
-        def check():
-            if accumulate != 1:
-                raise ValueError(f"BalancedDDPStrategy needs accumulate_grad_batches=1; got "
-                                 f"{accumulate} (raise the global batch instead)")
-        distributed.all_ok(check, "hvd_balance.lightning.BalancedDDPStrategy")
         if self._layer_sync is not None:
             self._layer_sync = BalancedSyncBatchNorm()
+        if not any(isinstance(c, _StepEnd) and c.strategy is self for c in trainer.callbacks):
+            trainer.callbacks.append(_StepEnd(self))
         super().setup(trainer)
 
     def process_dataloader(self, dataloader: object) -> object:
         """The training loader, rebuilt to draw this rank's balanced batches; others as they are."""
-        if self.lightning_module.trainer.state.stage != RunningStage.TRAINING:
+        trainer = self.lightning_module.trainer
+        if trainer.state.stage != RunningStage.TRAINING:
             return dataloader
-        world = distributed.world_size()
+        global_batch = self.global_batch_size or (
+            getattr(dataloader, "batch_size", None) or 0) * distributed.world_size()
+        current = self.balancer if self.balancer is not None and \
+            self.balancer.model is self.model else None  # a later fit wraps a new DDP model
 
         def check():
-            if not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset,
-                                                                      IterableDataset):
-                raise TypeError("BalancedDDPStrategy needs a torch DataLoader over a map-style "
-                                f"dataset for training; got {type(dataloader).__name__}")
-            if self.global_batch_size is None and dataloader.batch_size is None:
-                raise ValueError("the training DataLoader has no batch_size (a batch_sampler?): "
-                                 "give BalancedDDPStrategy(global_batch_size=...)")
+            if type(dataloader) is not DataLoader or isinstance(dataloader.dataset,
+                                                                IterableDataset):
+                raise TypeError("BalancedDDPStrategy needs a plain torch DataLoader over a "
+                                f"map-style dataset for training; got {type(dataloader).__name__}")
+            if type(dataloader.batch_sampler) is not BatchSampler or \
+                    type(dataloader.sampler) not in _PLAIN_SAMPLERS:
+                raise TypeError(
+                    "BalancedDDPStrategy draws the training batches itself (a seeded shuffle); "
+                    f"got sampler={type(dataloader.sampler).__name__}, batch_sampler="
+                    f"{type(dataloader.batch_sampler).__name__}: give the DataLoader a "
+                    "batch_size and shuffle=True instead")
+            if global_batch < 1:
+                raise ValueError("the training DataLoader has no batch_size: give it one, or "
+                                 "BalancedDDPStrategy(global_batch_size=...)")
+            if current is not None and (len(dataloader.dataset), global_batch) != (
+                    current.sampler.num_samples, current.sampler.global_batch_size):
+                raise ValueError(
+                    f"the reloaded training loader has {len(dataloader.dataset)} samples and a "
+                    f"global batch of {global_batch}; the balanced sampler was made for "
+                    f"{current.sampler.num_samples} and {current.sampler.global_batch_size}")
         distributed.all_ok(check, "hvd_balance.lightning training loader")
-        if self.balancer is None:
-            global_batch = self.global_batch_size or dataloader.batch_size * world
+        if current is None:
             seed = self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
             sampler = BalancedBatchSampler(dataloader.dataset, global_batch, seed=seed)
             self.balancer = LoadBalancer(self.model, sampler, guard=False, **self._balancer_kwargs)
@@ -146,7 +186,23 @@ class BalancedDDPStrategy(DDPStrategy):
             kept["prefetch_factor"] = dataloader.prefetch_factor
         return DataLoader(dataloader.dataset, batch_sampler=self.balancer.sampler, **kept)
 
+    def on_train_start(self) -> None:
+        loaders = self.lightning_module.trainer.train_dataloader
+        if not isinstance(loaders, DataLoader):
+            raise TypeError("BalancedDDPStrategy balances one training loader; got "
+                            f"{type(loaders).__name__} of loaders")
+        super().on_train_start()
+
     # -- every step ------------------------------------------------------------------------
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        accumulate = self.lightning_module.trainer.accumulate_grad_batches
+        if accumulate != 1:  # the same on every rank: each raises it
+            raise ValueError(f"BalancedDDPStrategy needs accumulate_grad_batches=1; got "
+                             f"{accumulate} (raise the global batch instead)")
+        if batch_idx == 0 and self.balancer is not None:
+            self.balancer.telemetry.pause()  # the epoch's start is no step's work
+        super().on_train_batch_start(batch, batch_idx)
+
     def training_step(self, *args: Any, **kwargs: Any):
         self._in_training_step = True
         try:
@@ -161,12 +217,6 @@ class BalancedDDPStrategy(DDPStrategy):
             closure_loss = self.balancer.scale(closure_loss)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
-    def optimizer_step(self, optimizer, closure, model=None, **kwargs: Any):
-        out = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self.balancer is not None and self.lightning_module.trainer.training:
-            self.balancer.step()
-        return out
-
     def reduce(self, tensor, group: Optional[Any] = None, reduce_op="mean"):
         """As ``DDPStrategy.reduce``, except in a training step (``self.log(...,
         sync_dist=True)``): a mean over the ranks weights each by its samples, ``b_i / B`` (the
@@ -176,6 +226,18 @@ class BalancedDDPStrategy(DDPStrategy):
                 and isinstance(tensor, torch.Tensor)):
             return super().reduce(tensor, group, reduce_op)
         with distributed.counted_as_wait(tensor.device):
-            if group is None and isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg"):
+            mean = isinstance(reduce_op, str) and reduce_op.lower() in ("mean", "avg")
+            if mean and group is None:
                 return super().reduce(tensor * self.balancer.weight, group, reduce_op="sum")
             return super().reduce(tensor, group, reduce_op)
+
+    # -- pauses: no step's work ------------------------------------------------------------
+    def on_validation_end(self) -> None:
+        if self.balancer is not None:
+            self.balancer.telemetry.pause()
+        super().on_validation_end()
+
+    def save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        super().save_checkpoint(*args, **kwargs)
+        if self.balancer is not None:
+            self.balancer.telemetry.pause()

@@ -18,23 +18,34 @@ def close(a, b, rel=1e-9):
 
 
 @pytest.mark.parametrize("nproc, mode, syncbn", [(2, "plan:9,3", False), (3, "plan:12,1,5", True),
-                                                 (3, "caps:2,-,-", False), (2, "caps:4,-", True)])
+                                                 (3, "caps:2,-,-", False), (2, "caps:4,-", True),
+                                                 (2, "switch:9,3", True)])
 def test_trainer_fit_equals_one_process_on_the_global_batch(nproc, mode, syncbn):
+    """switch: the plan changes mid-epoch at windows every 2 steps, with validation twice an
+    epoch, 2 loader workers and a second fit (a new DDP model) for a third epoch."""
     run = run_torchrun(SCRIPT, nproc=nproc, timeout=150, args=[mode] + (["syncbn"] if syncbn else []))
     assert run.returncode == 0, run.stdout[-3000:]
     results = run.results()
     assert sorted(results) == list(range(nproc))
     kind, _, values = mode.partition(":")
     first = results[0]
-    B, steps = first["B"], first["steps"]
+    B, steps, epochs = first["B"], first["steps"], first["epochs"]
     for rank, r in results.items():
         assert r["relative"] < 1e-9, (rank, r["relative"])
+        assert r["seed"] == 7  # seed_everything's
+        if syncbn:  # hvd_balance's batch norm in the fit, the user's class back after it
+            assert r["norms"] == ["SyncBatchNorm", "BatchNorm1d"]
         # Lightning's logged loss, on step and on epoch (sync_dist=True), is one process's.
-        assert len(r["step_losses"]) == len(r["ref_step"]) == 2 * steps
+        assert len(r["step_losses"]) == len(r["ref_step"]) == epochs * steps
+        assert len(r["epoch_losses"]) == len(r["ref_epoch"]) == epochs
         assert all(close(a, b) for a, b in zip(r["step_losses"], r["ref_step"])), r
         assert all(close(a, b) for a, b in zip(r["epoch_losses"], r["ref_epoch"])), r
         if kind == "plan":
             assert set(r["local"]) == {int(values.split(",")[rank])}
+        elif kind == "switch":  # both plans ran, and not only from an epoch's start
+            local = r["local"]
+            assert set(local) == {B // nproc, int(values.split(",")[rank])}
+            assert any(local[s] != local[s - 1] for s in range(1, len(local)) if s % steps), local
         else:
             cap = values.split(",")[rank]
             assert cap == "-" or max(r["local"]) <= int(cap)
@@ -42,7 +53,7 @@ def test_trainer_fit_equals_one_process_on_the_global_batch(nproc, mode, syncbn)
     if kind == "caps":  # the cap binds: an equal share would exceed it
         assert int(values.split(",")[0]) < B // nproc
     # Every step covers B different samples; no sample twice in an epoch.
-    for epoch in range(2):
+    for epoch in range(epochs):
         seen = []
         for step in range(epoch * steps, (epoch + 1) * steps):
             batch = [i for r in results.values() for i in r["seen"][step]]
@@ -54,7 +65,9 @@ def test_trainer_fit_equals_one_process_on_the_global_batch(nproc, mode, syncbn)
 def test_accumulated_gradients_fail_on_every_rank_naming_the_value():
     run = run_torchrun(SCRIPT, nproc=2, timeout=120, args=["accumulate:2"])
     assert run.returncode != 0
-    assert run.stdout.count("needs accumulate_grad_batches=1; got 2") >= 2, run.stdout[-3000:]
+    for rank in (0, 1):
+        assert f"[rank{rank}]: ValueError: BalancedDDPStrategy needs accumulate_grad_batches=1; " \
+               "got 2" in run.stdout, run.stdout[-3000:]
 
 
 def test_the_example_trains_under_lightnings_own_launcher():
