@@ -64,6 +64,7 @@ def test_validation_metric_is_the_global_sample_mean(audit):
         assert abs(unweighted - total / count) > 1e-7
 
 
+@pytest.mark.default_stack
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode, message", [
     # (ranks that disagree on the global batch, the seed or the world size of a plan:
@@ -81,6 +82,7 @@ def test_bad_input_raises_on_every_rank(mode, message):
         assert errors and message in errors[0], run.stdout[-3000:]
 
 
+@pytest.mark.default_stack
 @pytest.mark.timeout(400)
 def test_a_saved_plan_is_reused_by_the_next_run_without_benchmarking(tmp_path):
     path = tmp_path / "plan.yaml"
@@ -195,6 +197,7 @@ def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_
     assert r0["pipeline_matches_indices"] and r1["pipeline_matches_indices"]
 
 
+@pytest.mark.default_stack
 @pytest.mark.timeout(240)
 def test_rank_0_names_a_rank_the_job_would_be_faster_without(tmp_path):
     """Rank 1's fixed cost per step (40 ms) exceeds rank 0's whole step (13 ms): rank 0 says
