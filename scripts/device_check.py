@@ -1,8 +1,15 @@
-"""The GPU check: one GPU rank beside CPU ranks in one Gloo group, exactness and epoch times.
+"""The device check, in two parts that each fit in 5 minutes (``--part cpu|gpu|all``).
 
-Run by scripts/device_check.sh on a machine with one NVIDIA GPU (torch, numpy, pyyaml; no
-TensorFlow, no network, no install: ``PYTHONPATH`` is the repository), or here with
-``--cpu-only`` (rank 0 on CPU too) and ``--tiny`` sizes. Four processes are started with
+Run by scripts/device_check.sh on a machine with one NVIDIA GPU and 16 cores (torch, numpy,
+pyyaml; no TensorFlow, no network, no install: ``PYTHONPATH`` is the repository), or
+anywhere with ``--cpu-only`` (rank 0 on CPU too) and ``--tiny`` sizes.
+
+Part cpu (``device_check_cpu.py``): ranks pinned to disjoint core sets of 1, 2, 4 and 8 cores,
+and of 1, 1, 2, 2, 2, 2, 3, 3 (with ``--tiny``: 1, 1), real heterogeneity without emulation;
+writes ``device_check_cpu.{md,json}``.
+
+Part gpu (this file): one GPU rank beside CPU ranks in one Gloo group, exactness and epoch
+times; writes ``device_check.{md,json}``. Four processes are started with
 ``torch.multiprocessing`` (rank 0 on the GPU, ranks 1-3 on CPU cores, the cores split
 between them with ``torch.set_num_threads``), one Gloo group, a small ResNet-style CNN with
 hvd_balance's SyncBatchNorm on synthetic 32x32 images:
@@ -179,8 +186,8 @@ def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False, 
     out = {"epoch_s": epoch_s, "plans": plans}
     if balancer is not None:
         out["final_plan"] = list(balancer.plan.batch_sizes)
-        out["history"] = [{k: h[k] for k in ("epoch", "step", "batch_sizes", "busy_s", "decision")}
-                          for h in balancer.history]
+        out["history"] = [{k: h[k] for k in ("epoch", "step", "batch_sizes", "busy_s", "step_s",
+                                             "decision")} for h in balancer.history]
     return out
 
 
@@ -238,8 +245,7 @@ def worker(rank, cfg, out_dir):
             sync_bn=sync_bn))
     if rank == 0:
         write(results, out_dir)
-    dist.barrier()
-    dist.destroy_process_group()
+    hb.end_job()  # torch 2.13's Gloo can abort a plain exit (SIGABRT), failing the spawn
 
 
 def _mean_tail(values, n):
@@ -251,7 +257,7 @@ def write(results, out_dir: Path):
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "device_check.json").write_text(json.dumps(results, indent=1, default=str))
     cfg = results["config"]
-    lines = [f"# Device check ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
+    lines = [f"# Device check, part gpu ({stamp()})", "",
              f"Ranks: {', '.join(f'{i}: {d}' for i, d in enumerate(results['devices']))}; "
              f"torch {torch.__version__}; global batch "
              f"{cfg['global_batch']}, {cfg['steps']} steps an epoch, ResNet-style CNN width "
@@ -294,14 +300,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("out", nargs="?", default="results", help="output folder (default: results/)")
-    p.add_argument("--cpu-only", action="store_true", help="rank 0 on CPU too (automatic without CUDA)")
-    p.add_argument("--tiny", action="store_true", help="tiny sizes: a one-minute run on a laptop")
-    args = p.parse_args(argv)
+def stamp() -> str:
+    """The date, the commit, torch's version and the hardware, for a result's heading."""
+    import platform
+    import subprocess
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit "
+            f"{commit or 'unknown'}, torch {torch.__version__}, {len(os.sched_getaffinity(0))} "
+            f"cores ({cpu}), {gpu}")
+
+
+def part_gpu(args, cores: int) -> None:
     gpu = torch.cuda.is_available() and not args.cpu_only
-    cores = os.cpu_count() or 4
     gpu_threads = 2 if gpu else max(1, cores // WORLD)
     cpu_threads = max(1, (cores - gpu_threads) // (WORLD - 1))
     cfg = {"gpu": gpu, "cores": cores, "gpu_threads": gpu_threads, "cpu_threads": cpu_threads,
@@ -311,8 +333,54 @@ def main(argv=None):
     if args.tiny:
         cfg.update(exact_sizes=[5, 1, 3, 2], width=4, global_batch=32, steps=6, epochs=1,
                    balancer_epochs=2, rebalance_steps=3, rate_repeats=2)
-    print(f"[device_check] {json.dumps(cfg)}", flush=True)
+    print(f"[device_check] part gpu: {json.dumps(cfg)}", flush=True)
     mp.spawn(worker, args=(cfg, Path(args.out)), nprocs=WORLD, join=True)
+
+
+def part_cpu(args, cores: int) -> None:
+    import device_check_cpu as cpu
+
+    # A CNN whose compute outweighs its allreduce (about 0.7 M parameters, width 32).
+    cfg = {"width": 32, "global_batch": 256, "steps": 8, "epochs": 1, "balancer_epochs": 3,
+           "rebalance_steps": 4, "rate_repeats": 3, "repeats": 3}
+    configs = [(1, 2, 4, 8), (1, 1, 2, 2, 2, 2, 3, 3)]
+    if args.tiny:
+        cfg.update(width=4, global_batch=32, steps=6, balancer_epochs=2, rebalance_steps=3,
+                   rate_repeats=2, repeats=2)
+        configs = [(1, 1)]
+    print(f"[device_check] part cpu: {json.dumps(cfg)}, configurations {configs}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for config in configs:
+        try:
+            rows.append(cpu.run_config(config, cfg))
+        except Exception as err:  # noqa: BLE001 - recorded, and the next configuration still runs
+            rows.append({"cores": list(config), "error": f"{type(err).__name__}: {err}"})
+        print(f"[device_check] part cpu {config}: {json.dumps(rows[-1])[:600]}", flush=True)
+    lines = [f"# Device check, part cpu ({stamp()})", "",
+             f"Ranks pinned to disjoint core sets, one thread per core; ResNet-style CNN of width "
+             f"{cfg['width']} on 32x32 synthetic images, per-rank BatchNorm, global batch "
+             f"{cfg['global_batch']}, {cfg['steps']} steps an epoch, Gloo; {cfg['repeats']} "
+             f"interleaved rounds.", ""] + cpu.report(rows, cfg)
+    (out / "device_check_cpu.json").write_text(json.dumps({"config": cfg, "rows": rows}, indent=1))
+    (out / "device_check_cpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("out", nargs="?", default="results", help="output folder (default: results/)")
+    p.add_argument("--part", choices=["cpu", "gpu", "all"], default="all",
+                   help="cpu: pinned core sets; gpu: the GPU beside CPU ranks; all: both")
+    p.add_argument("--cpu-only", action="store_true", help="rank 0 on CPU too (automatic without CUDA)")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes: a one-minute run on a laptop")
+    args = p.parse_args(argv)
+    cores = len(os.sched_getaffinity(0))
+    if args.part in ("cpu", "all"):
+        part_cpu(args, cores)
+    if args.part in ("gpu", "all"):
+        part_gpu(args, cores)
     return 0
 
 

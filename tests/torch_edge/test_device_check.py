@@ -1,0 +1,44 @@
+"""scripts/device_check.sh --cpu-only --tiny: both parts run here and write their tables."""
+
+import json
+import sys
+
+from support.launch import REPO, rank_env, run_command
+
+
+def test_both_parts_run_on_cpu_and_write_their_tables(tmp_path):
+    out = tmp_path / "out"
+    run = run_command(["bash", REPO / "scripts" / "device_check.sh", "--part", "all", out,
+                       "--cpu-only", "--tiny"], rank_env({"PYTHON": sys.executable}), timeout=240)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "device_check.json", "device_check.md", "device_check_cpu.json", "device_check_cpu.md"]
+
+    cpu = json.loads((out / "device_check_cpu.json").read_text())
+    B = cpu["config"]["global_batch"]
+    (row,) = cpu["rows"]
+    assert row["cores"] == [1, 1] and "error" not in row, row
+    rates = row["solo_samples_per_s"]
+    assert len(rates) == 2 and min(rates) > 0
+    assert abs(row["ideal_speedup"] - sum(rates) / max(rates)) < 1e-9
+    for name, s in row["strategies"].items():
+        assert sum(s["plan"]) == B, (name, s)
+        assert s["samples_per_s"]["min"] <= s["samples_per_s"]["median"] <= s["samples_per_s"]["max"]
+        assert abs(s["share_of_ideal"]["median"] * row["ideal_samples_per_s"]
+                   - s["samples_per_s"]["median"]) < 1e-6 * s["samples_per_s"]["median"]
+    assert 0 < row["strategies"]["load_balancer"]["efficiency"]["median"] <= 1
+    table = (out / "device_check_cpu.md").read_text()
+    assert "| 1,1 |" in table and "LoadBalancer" in table and "paper's rule" in table
+    assert "commit " in table.splitlines()[0] and "torch " in table.splitlines()[0]
+
+    gpu = json.loads((out / "device_check.json").read_text())
+    assert gpu["exact"]["exact"] is True and gpu["exact"]["max_diff"] <= 1e-4, gpu["exact"]
+    for key in ("equal", "paper", "load_balancer", "equal_local_bn", "paper_local_bn",
+                "load_balancer_local_bn"):
+        assert "error" not in gpu[key] and gpu[key]["epoch_s"], (key, gpu[key])
+
+
+def test_a_bad_part_is_refused_by_name():
+    run = run_command(["bash", REPO / "scripts" / "device_check.sh", "--part", "tpu"],
+                      rank_env({"PYTHON": sys.executable}), timeout=30)
+    assert run.returncode == 2 and "--part tpu: use cpu, gpu or all" in run.stdout
