@@ -10,7 +10,10 @@ under each strategy, each job on its own, the strategies interleaved within ever
 - **balanced**: ``hvd_balance.torch.LoadBalancer(model, sampler)`` with every default.
 
 Every job weights each rank's loss by ``b_i / B`` and sums (the same hook), so only the split
-differs. Two emulations of slow devices, as ``python -m hvd_balance.bench`` has
+differs. ``--lightning`` trains in a Lightning ``Trainer`` instead of a hand-written loop:
+*uniform* is then Lightning's own ``DDPStrategy`` (``batch_size = B / N`` and its
+``DistributedSampler``), *proportional* and *balanced* ``hvd_balance.lightning``'s
+``BalancedDDPStrategy`` with the paper's plan and with every default. Two emulations of slow devices, as ``python -m hvd_balance.bench`` has
 (docs/emulation.md): ``--shares 1.0,0.25`` caps each rank with a cgroup CPU quota (root; it
 also slows the rank's side of the collectives), ``--slowdown 1,4`` makes rank ``i`` wait
 ``k_i - 1`` times its measured compute once its backward is done, before its last gradient
@@ -120,16 +123,110 @@ def _paper_rate(model, timer: _Timer, shape, batch: int) -> float:
     return batch / statistics.median(times)
 
 
+def _loop_epochs(cfg, model, data, timer: _Timer, plan, start: float):
+    """A hand-written DDP loop with hvd_balance.torch: (epoch records, decisions, start s)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader
+
+    import hvd_balance.torch as hb
+
+    ddp = DDP(model)
+    sampler = hb.BalancedBatchSampler(data, global_batch_size=cfg["global_batch"], seed=0)
+    balancer = hb.LoadBalancer(ddp, sampler, plan=plan, verbose=0)
+    start_s = time.perf_counter() - start
+    loader = DataLoader(data, batch_sampler=sampler)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    epochs = []
+    for epoch in range(cfg["epochs"]):
+        sampler.set_epoch(epoch)
+        timer.busy_s.clear()
+        dist.barrier()
+        t = time.perf_counter()
+        plan_used = list(balancer.plan.batch_sizes)
+        timer.step_begins()
+        for xb, yb in loader:
+            opt.zero_grad()
+            balancer.scale(F.cross_entropy(ddp(xb), yb)).backward()
+            opt.step()
+            balancer.step()
+            timer.step_begins()
+        dist.barrier()
+        epochs.append(_epoch_record(time.perf_counter() - t, plan_used, timer))
+    return epochs, [h["decision"] for h in balancer.history], start_s
+
+
+def _lightning_epochs(cfg, model, data, timer: _Timer, plan, start: float):
+    """The same training in a Lightning Trainer: Lightning's DDPStrategy (``plan`` uniform),
+    else hvd_balance.lightning's BalancedDDPStrategy; (epoch records, decisions, start s)."""
+    import lightning.pytorch as pl
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    import hvd_balance.lightning as hbl
+
+    world, B = dist.get_world_size(), cfg["global_batch"]
+    lightning_ddp = cfg["strategy"] == "uniform"
+    strategy = (pl.strategies.DDPStrategy() if lightning_ddp
+                else hbl.BalancedDDPStrategy(seed=0, plan=plan, verbose=0))
+    epochs, marks = [], {}
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, batch_idx):
+            return F.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+    class Epochs(pl.Callback):
+        def on_train_start(self, trainer, module):
+            marks["start_s"] = time.perf_counter() - start
+
+        def on_train_epoch_start(self, trainer, module):
+            timer.busy_s.clear()
+            dist.barrier()
+            marks["t"] = time.perf_counter()
+            marks["plan"] = ([B // world] * world if lightning_ddp
+                             else list(strategy.balancer.plan.batch_sizes))
+            timer.step_begins()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            timer.step_begins()
+
+        def on_train_epoch_end(self, trainer, module):
+            dist.barrier()
+            epochs.append(_epoch_record(time.perf_counter() - marks["t"], marks["plan"], timer))
+
+    trainer = pl.Trainer(max_epochs=cfg["epochs"], accelerator="cpu", devices=world,
+                         strategy=strategy, callbacks=[Epochs()], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(Net(), DataLoader(data, batch_size=B // world, shuffle=True))
+    decisions = [] if lightning_ddp else [h["decision"] for h in strategy.balancer.history]
+    return epochs, decisions, marks["start_s"]
+
+
+def _epoch_record(epoch_s: float, plan_used, timer: _Timer) -> Dict[str, Any]:
+    return {"epoch_s": epoch_s, "plan": plan_used,
+            "busy_ms": 1000 * statistics.median(timer.busy_s[1:] or timer.busy_s),
+            "busy_all_ms": [1000 * b for b in timer.busy_s]}
+
+
 def _worker(cfg: Dict[str, Any]) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import TensorDataset
 
-    import hvd_balance.torch as hb
     from hvd_balance.core.plan import Plan
     from hvd_balance.core.planner import plan_batches
 
@@ -151,32 +248,12 @@ def _worker(cfg: Dict[str, Any]) -> None:
         rates = [None] * world
         dist.all_gather_object(rates, _paper_rate(model, timer, shape, B // world))
         plan = plan_batches(rates, B, method="proportional")
-    ddp = DDP(model)
-    sampler = hb.BalancedBatchSampler(data, global_batch_size=B, seed=0)
-    balancer = hb.LoadBalancer(ddp, sampler, plan=plan, verbose=0)
-    start_s = time.perf_counter() - start
-    loader = DataLoader(data, batch_sampler=sampler)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    epochs = []
-    for epoch in range(cfg["epochs"]):
-        sampler.set_epoch(epoch)
-        timer.busy_s.clear()
-        dist.barrier()
-        t = time.perf_counter()
-        plan_used = list(balancer.plan.batch_sizes)
-        timer.step_begins()
-        for xb, yb in loader:
-            opt.zero_grad()
-            balancer.scale(F.cross_entropy(ddp(xb), yb)).backward()
-            opt.step()
-            balancer.step()
-            timer.step_begins()
-        dist.barrier()
-        epochs.append({"epoch_s": time.perf_counter() - t, "plan": plan_used,
-                       "busy_ms": 1000 * statistics.median(timer.busy_s[1:] or timer.busy_s),
-                       "busy_all_ms": [1000 * b for b in timer.busy_s]})
+    if cfg.get("lightning"):
+        epochs, decisions, start_s = _lightning_epochs(cfg, model, data, timer, plan, start)
+    else:
+        epochs, decisions, start_s = _loop_epochs(cfg, model, data, timer, plan, start)
     out = {"rank": rank, "epochs": epochs, "start_s": start_s, "paper_rates": rates,
-           "decisions": [h["decision"] for h in balancer.history]}
+           "decisions": decisions}
     Path(cfg["out_dir"], f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
@@ -285,6 +362,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=4, help="epochs a job (the first is not steady)")
     p.add_argument("--global-batch", type=int, default=512, help="B, samples a step")
     p.add_argument("--samples", type=int, default=25600, help="training samples")
+    p.add_argument("--lightning", action="store_true",
+                   help="train in a Lightning Trainer (uniform: Lightning's own DDPStrategy)")
     p.add_argument("--out", help="JSON file for every job's records and the summary")
     return p
 
@@ -305,7 +384,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cores = tuple(sorted(os.sched_getaffinity(0)))
     loads = shares if shares else [1.0 / k for k in slowdowns]
     cfg = {"model": args.model, "global_batch": args.global_batch, "samples": args.samples,
-           "epochs": args.epochs, "slowdowns": list(slowdowns),
+           "epochs": args.epochs, "slowdowns": list(slowdowns), "lightning": args.lightning,
            "cores": [list(c) for c in assign_cores([min(1.0, s) for s in (shares or [1.0] * world)],
                                                     cores, loads)]}
     jobs = []

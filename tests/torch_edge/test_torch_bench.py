@@ -3,14 +3,21 @@
 import json
 import os
 
+import pytest
+
 from support.launch import PYTHON, run_command
 
 
-def test_torch_bench_plans_less_for_the_slowed_rank_and_writes_every_figure(tmp_path):
+@pytest.mark.parametrize("trainer", ["loop", "lightning"])
+def test_torch_bench_plans_less_for_the_slowed_rank_and_writes_every_figure(trainer, tmp_path):
+    if trainer == "lightning":
+        pytest.importorskip("lightning")
     out = tmp_path / "bench.json"
     run = run_command([PYTHON, "-m", "hvd_balance.tools.torch_bench", "--model", "tiny",
                        "--slowdown", "1,3", "--reps", "1", "--epochs", "2", "--samples", "2048",
-                       "--global-batch", "64", "--out", out], env=dict(os.environ), timeout=150)
+                       "--global-batch", "64", "--out", out]
+                      + (["--lightning"] if trainer == "lightning" else []),
+                      env=dict(os.environ), timeout=150)
     assert run.returncode == 0, run.stdout[-3000:]
     summary = {row["strategy"]: row for row in json.loads(out.read_text())["summary"]}
     assert sorted(summary) == ["balanced", "proportional", "uniform"]
