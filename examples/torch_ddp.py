@@ -23,8 +23,8 @@ global_batch = 128
 sampler = hb.BalancedBatchSampler(dataset, global_batch_size=global_batch, seed=0)
 loader = DataLoader(dataset, batch_sampler=sampler)
 model = DDP(nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2)))
-balancer = hb.LoadBalancer(model, sampler)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+balancer = hb.LoadBalancer(model, sampler, optimizer=optimizer)  # may leave a costly rank out
 loss_fn = nn.CrossEntropyLoss()
 
 for epoch in range(3):

@@ -21,7 +21,9 @@ State machine (:meth:`Controller.next`, one call per window, rank 0 decides for 
     candidate == plan, barred, or
       predicted >= step * (1 - threshold - var) -> kept
     otherwise                                 -> switched, a trial judged by the next window
-    and, beside it, the ranks a job would be faster without by as much (:mod:`.leave_out`).
+    and, beside it, the ranks a job would be faster without by as much (:mod:`.leave_out`);
+    where the window allows (``may_leave_out``) that set is the candidate: leaving ranks out,
+    or taking them back, is a switch like any other (its revert waits for such a window).
 
 ``var`` is the measured window-to-window variation of the step (median ``|s_k / s_{k-1} - 1|``
 over consecutive windows of one plan, so that a lasting change of speed or the first window's
@@ -37,7 +39,7 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from .leave_out import LeaveOut, advise
+from .leave_out import LeaveOut, advise, measured_only
 from .plan import Plan
 from .planner import plan_batches
 
@@ -68,16 +70,22 @@ class Window:
     Attributes:
         batch_sizes: local batch of each rank during the window, in samples.
         busy_s: each rank's median busy seconds per step (its own compute, no waiting).
-        noise: each rank's relative standard error of ``busy_s`` (:func:`robust_busy`), or
+        noise: each rank's relative standard error of ``busy_s`` (:func:`~hvd_balance.core.busy.robust_busy`), or
             ``None``.
         step_s: the window's measured step, seconds per step (busy + wait), or ``None``
             (the first real steps: a switch then is not judged).
+        left_out: the ranks the plan left out; their entries are a probe step of their own
+            (its batch and busy seconds), off the critical path.
+        may_leave_out: whether the edge can leave ranks out or take them back after this
+            window (the torch edge at an epoch's end); else the set of ranks stays.
     """
 
     batch_sizes: Tuple[int, ...]
     busy_s: Tuple[float, ...]
     noise: Optional[Tuple[float, ...]] = None
     step_s: Optional[float] = None
+    left_out: Tuple[int, ...] = ()
+    may_leave_out: bool = False
 
     def __post_init__(self):
         busy = tuple(float(m) for m in self.busy_s)
@@ -95,8 +103,9 @@ class Window:
 
     @property
     def overhead_s(self) -> float:
-        """Seconds per step outside the slowest rank's busy time (0 without a step)."""
-        return max(0.0, self.step_s - max(self.busy_s)) if self.step_s is not None else 0.0
+        """Seconds per step outside the slowest training rank's busy time (0 without a step)."""
+        busy = max(m for i, m in enumerate(self.busy_s) if i not in self.left_out)
+        return max(0.0, self.step_s - busy) if self.step_s is not None else 0.0
 
     @property
     def noise_share(self) -> float:
@@ -129,21 +138,6 @@ class Decision:
     measured_s: Optional[float]
     variation: float
     leave_out: Optional[LeaveOut] = None
-
-
-def robust_busy(samples_s: Sequence[float]):
-    """``(median, relative standard error)`` of per-step busy seconds, or ``(None, None)``;
-    the error is a median's, ``1.253 * 1.4826 * MAD / sqrt(n) / median``.
-
-    >>> [round(v, 4) for v in robust_busy([0.10, 0.11, 0.09, 0.10])]
-    [0.1, 0.0464]
-    """
-    x = np.asarray(samples_s, dtype=float)
-    med = float(np.median(x)) if x.size else 0.0
-    if med <= 0:
-        return None, None
-    mad = float(np.median(np.abs(x - med)))
-    return med, float(1.253 * 1.4826 * mad / np.sqrt(x.size) / med)
 
 
 def fit_lines(batches: np.ndarray, busy_s: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -219,7 +213,8 @@ class Controller:
 
     def next(self, plan: Plan, window: Window) -> Tuple[Decision, "Controller"]:
         """The decision after ``window``, measured while ``plan`` was in force."""
-        if tuple(window.batch_sizes) != tuple(plan.batch_sizes):
+        if any(w != p for w, p in zip(window.batch_sizes, plan.batch_sizes) if p) or \
+                len(window.batch_sizes) != plan.world_size:
             raise ValueError(f"the window ran batches {list(window.batch_sizes)}, "
                              f"the plan has {list(plan.batch_sizes)}")
         bench = self.bench
@@ -240,16 +235,27 @@ class Controller:
             if new.batch_sizes != plan.batch_sizes:  # rebalance=K: not in force yet
                 return decided(new, "kept", None)
             if before_s is not None and step is not None and step > before_s * (1.0 + var):
+                if before.left_out != plan.left_out and not window.may_leave_out:
+                    return decided(plan, "kept", None)  # judged where ranks may move
                 bar = (new.batch_sizes, before.batch_sizes, MEMORY)
                 return decided(before, "reverted", before_s, trial=None, barred=barred + (bar,))
             state = dataclasses.replace(state, trial=None)
+        if plan.left_out and not window.may_leave_out:
+            return decided(plan, "kept", None)
         curves = self.fitted(plan, windows, bench)
         candidate = plan_batches(curves, plan.global_batch_size, plan.max_batch_sizes, self.method,
                                  plan.min_batch_sizes, hosts=plan.hosts, devices=plan.devices,
                                  benchmark_s=plan.benchmark_s)
-        predicted = max(candidate.predicted_step_s) + window.overhead_s
+        # The collectives' seconds as last measured with two ranks or more (none with one).
+        overhead = next((w.overhead_s for w in reversed(windows)
+                         if len(w.busy_s) - len(w.left_out) > 1), 0.0)
+        predicted = max(candidate.predicted_step_s) + overhead
         current = step if step is not None else max(window.busy_s)
-        fewer = advise(curves, plan, window.overhead_s, min(current, predicted), self.threshold + var)
+        largest = np.max([w.batch_sizes for w in windows], axis=0)
+        fewer = advise(measured_only(curves, largest), plan, overhead, min(current, predicted),
+                       self.threshold + var)
+        if fewer is not None and window.may_leave_out:
+            candidate, predicted = fewer.in_place(plan), fewer.predicted_s
         if (candidate.batch_sizes == plan.batch_sizes or self._is_barred(candidate, barred)
                 or predicted >= current * (1.0 - self.threshold - var)):
             return decided(plan, "kept", predicted, fewer)
@@ -292,9 +298,3 @@ def first_plan_step(steps_per_epoch: int, every: int = 1,
     """
     step = -(-int(first) // int(every)) * int(every)
     return step if step + int(first) <= int(steps_per_epoch) else None
-
-
-def balance_efficiency(busy_s: Sequence[float]) -> float:
-    """``mean_i busy_i / max_i busy_i``: 1 when all ranks are busy equally long."""
-    busy = np.asarray(busy_s, dtype=float)
-    return float(busy.mean() / busy.max()) if busy.size and busy.max() > 0 else 1.0

@@ -11,9 +11,11 @@ overhead is taken as constant in the set's size, Pollux's constant term: a ring 
 moves ``2 (k - 1) / k`` gradients through each of ``k`` ranks, between one and two whatever
 ``k``, and one rank has no collective at all.
 
-Horovod's process sets cannot change cheaply, so neither edge leaves a rank out by itself:
-rank 0 prints the :class:`LeaveOut` (which ranks, the step with and without them, how to
-launch without them) and writes the plan for the other ranks.
+Rank 0 prints the :class:`LeaveOut` (which ranks, the step with and without them, how to
+launch without them) and writes the plan for the other ranks. Horovod's process sets cannot
+change cheaply, so the TensorFlow edge stops there; the torch edge runs
+:meth:`LeaveOut.in_place` (the controller's switch, at windows where ranks may leave or come
+back: epoch ends).
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ class LeaveOut:
     predicted_s: float
     step_s: float
     share: float
+
+    def in_place(self, job: Plan) -> Plan:
+        """:attr:`plan` in the job's own world: its batches for the ranks kept, 0 for the
+        ranks left out (the job's hosts, devices, caps and floors)."""
+        kept = iter(zip(self.plan.batch_sizes, self.plan.predicted_step_s
+                        or (0.0,) * self.plan.world_size))
+        rows = [(0, 0.0) if i in self.ranks else next(kept) for i in range(job.world_size)]
+        return dataclasses.replace(job, batch_sizes=tuple(b for b, _ in rows),
+                                   predicted_step_s=tuple(t for _, t in rows),
+                                   method=self.plan.method)
 
     def message(self, launch: str, plan_path: str, written: bool = True,
                 takes: str = "LoadBalancer") -> str:
@@ -100,6 +112,33 @@ class LeaveOut:
         else:
             launch = f"{launcher} with {k} ranks on {hosts}"
         return self.message(launch, path, written, takes)
+
+
+def measured_only(curves: np.ndarray, largest) -> np.ndarray:
+    """Each rank's curve, proportional past the largest batch ``L_i`` it ran at (samples):
+    ``t_i(b) = max(line_i(b), line_i(L_i) b / L_i)`` for ``b > L_i``, as 3 points each.
+
+    Leaving ranks out hands the others batches none of them ran at, and a line through two
+    close, noisy windows can invent a fixed cost to spread over them (on 4 equal ranks it
+    predicted one rank alone 40 % faster than it was): past what was measured no economy of
+    scale is assumed.
+
+    Args:
+        curves: the fitted lines as ``(N, 2, 2)`` points ``(1, t_i(1)), (B, t_i(B))``.
+        largest: each rank's largest measured batch, samples.
+
+    >>> measured_only(np.array([[(1, 0.011), (64, 0.074)]]), [16]).round(3).tolist()
+    [[[1.0, 0.011], [16.0, 0.026], [64.0, 0.104]]]
+    """
+    c = np.asarray(curves, dtype=float)
+    big = c[:, 1, 0]
+    if big.min() < 3:
+        return c
+    at = np.clip(np.asarray(largest, dtype=float), 2, big - 1)
+    t1, tb = c[:, 0, 1], c[:, 1, 1]
+    t_at = t1 + (tb - t1) * (at - 1) / (big - 1)
+    tail = np.maximum(tb, t_at * big / at)
+    return np.stack([c[:, 0], np.stack([at, t_at], 1), np.stack([big, tail], 1)], axis=1)
 
 
 def advise(curves: np.ndarray, plan: Plan, overhead_s: float, step_s: float,

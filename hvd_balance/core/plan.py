@@ -35,7 +35,7 @@ keys, unknown keys, wrong types, non-finite numbers, local batches below 1 or th
 or above their cap, a floor above its cap, a weight that is not ``local_batch / global_batch_size``, and a rank list that does
 not match ``world_size`` (a truncated file). Every refusal is a ``ValueError`` that names
 the file and the offending entry, e.g. ``plan file 'p.yaml': ranks[2].local_batch must be
-an integer >= 1; got -4``.
+an integer >= 0; got -4``.
 """
 
 from __future__ import annotations
@@ -95,9 +95,11 @@ class Plan:
 
     def __post_init__(self):
         sizes = tuple(self.batch_sizes)
-        for i, b in enumerate(sizes):
-            if isinstance(b, bool) or not float(b).is_integer() or b < 1:
-                raise ValueError(f"plan batch_sizes[{i}] must be an integer >= 1; got {b!r}")
+        for i, b in enumerate(sizes):  # 0: the rank is left out (no step, no collective)
+            if isinstance(b, bool) or not float(b).is_integer() or b < 0:
+                raise ValueError(f"plan batch_sizes[{i}] must be an integer >= 0; got {b!r}")
+        if sizes and not any(sizes):
+            raise ValueError("plan batch_sizes are all 0: at least one rank must train")
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in sizes))
         if sum(self.batch_sizes) != self.global_batch_size:
             raise ValueError(
@@ -146,6 +148,21 @@ class Plan:
     @property
     def world_size(self) -> int:
         return len(self.batch_sizes)
+
+    @property
+    def left_out(self) -> Tuple[int, ...]:
+        """The ranks with no samples: they take no step and no part in its collectives."""
+        return tuple(i for i, b in enumerate(self.batch_sizes) if b == 0)
+
+    def require_every_rank(self, where: str) -> "Plan":
+        """The plan itself; a ValueError naming the ranks it leaves out, for an edge where
+        every rank takes every step (Horovod's: its process sets are fixed at ``init``)."""
+        if self.left_out:
+            out = ", ".join(map(str, self.left_out))
+            raise ValueError(f"{where}: the plan leaves rank(s) {out} out (0 samples), which "
+                             f"Horovod cannot: every rank keeps one sample or more; launch the "
+                             f"job without them instead")
+        return self
 
     @property
     def weights(self) -> Tuple[float, ...]:
@@ -637,7 +654,7 @@ def _from_data(data, path: str = "") -> PlanFile:
             raise ValueError(f"{at} says rank: {r['rank']}; ranks must be listed in order 0..{world_size - 1}")
         if "local_batch" not in r:
             raise ValueError(f"{at} has no 'local_batch'")
-        b = _int(r["local_batch"], at + ".local_batch", 1)
+        b = _int(r["local_batch"], at + ".local_batch", 0)
         batches.append(b)
         if "weight" in r:
             w = _number(r["weight"], at + ".weight", minimum=0.0)
@@ -659,7 +676,7 @@ def _from_data(data, path: str = "") -> PlanFile:
             caps.append(None)
         if "min_batch_size" in r:
             floor = None if r["min_batch_size"] is None else _int(r["min_batch_size"], at + ".min_batch_size", 1)
-            if floor is not None and b < floor:  # (so a floor above the cap is refused too)
+            if floor is not None and 0 < b < floor:  # (a floor above the cap is refused too)
                 raise ValueError(f"rank {i}: {at}.local_batch {b} is below its min_batch_size {floor}")
             floors.append(floor)
         else:

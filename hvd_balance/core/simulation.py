@@ -47,7 +47,8 @@ import numpy as np
 
 from .plan import Plan
 from .planner import largest_remainder, plan_batches, predict_step_s
-from .controller import DEFAULT_THRESHOLD, Controller, Window, robust_busy
+from .busy import robust_busy
+from .controller import DEFAULT_THRESHOLD, Controller, Window
 
 logger = logging.getLogger(__name__)
 

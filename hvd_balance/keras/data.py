@@ -283,7 +283,7 @@ class BalancedData(tf.data.Dataset):
         ``step=0`` the plan applies to the next epoch's iterator. A plan for a segment must be
         set before the input pipeline reaches it (one segment ahead is safe).
         """
-        plan.check(self.world_size, self.global_batch_size)
+        plan.check(self.world_size, self.global_batch_size).require_every_rank("BalancedData")
         step = int(step)
         held = self._holds.get(self.epoch, {})
         if (step % self.segment_steps and step not in held) or not 0 <= step < max(self.steps, 1):
@@ -344,7 +344,7 @@ class BalancedData(tf.data.Dataset):
         """
         self.rank, self.world_size = int(rank), int(world_size)
         self.plan = plan if plan is not None else Plan.uniform(self.global_batch_size, self.world_size)
-        self.plan.check(self.world_size, self.global_batch_size)
+        self.plan.check(self.world_size, self.global_batch_size).require_every_rank("BalancedData")
         self._schedule.pop(self.epoch, None)
         self._drop_holds(self.epoch)
 

@@ -15,8 +15,8 @@ from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
-from ..core.controller import (DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window,
-                               balance_efficiency, first_plan_step, robust_busy)
+from ..core.busy import balance_efficiency, robust_busy
+from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window, first_plan_step
 from ..core.plan import Plan
 
 PLAN_ENV = "HVD_BALANCE_PLAN"

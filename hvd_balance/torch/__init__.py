@@ -10,7 +10,9 @@ rank among them is staged through host memory), NCCL where every rank is a GPU.
   twice in an epoch, plan changes at step boundaries).
 - :class:`LoadBalancer`: registers a DDP communication hook that sums the gradients and times
   each step, weights each rank's loss by ``b_i / B`` (:meth:`LoadBalancer.scale`), and
-  re-plans at windows (:meth:`LoadBalancer.step`, once a step).
+  re-plans at windows (:meth:`LoadBalancer.step`, once a step); with ``optimizer=`` it
+  leaves a rank that costs more than it brings out of the steps, until it is worth taking
+  back.
 - :class:`SyncBatchNorm`, :func:`convert_sync_batchnorm`: batch norm over the global batch on
   CPU and GPU ranks, exact under unequal local batches.
 
@@ -19,7 +21,7 @@ Example (docs/torch.md has the whole script and its diff against plain DDP)::
     sampler = hb.BalancedBatchSampler(dataset, global_batch_size=256, seed=0)
     loader = DataLoader(dataset, batch_sampler=sampler)
     model = DDP(model)
-    balancer = hb.LoadBalancer(model, sampler)
+    balancer = hb.LoadBalancer(model, sampler, optimizer=optimizer)
     ...
         balancer.scale(loss_fn(model(x), y)).backward()
         optimizer.step()

@@ -34,7 +34,8 @@ class SumHookState:
 
     Args:
         telemetry: the :class:`StepTelemetry` to mark (``None``: no timing).
-        process_group: the group to reduce over (default: the default group).
+        process_group: the group to reduce over (default: the ranks that train,
+            :func:`hvd_balance.torch.distributed.set_training_ranks`).
     """
 
     def __init__(self, telemetry: Optional[StepTelemetry] = None, process_group=None):
@@ -50,8 +51,13 @@ def allreduce_sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.fu
         ddp_model.register_comm_hook(SumHookState(), allreduce_sum_hook)
         ```
     """
-    group = state.process_group if state.process_group is not None else dist.group.WORLD
     buffer = bucket.buffer()
+    if not distributed.trains():  # left out (a probe step of its own): no collective
+        done = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+    group = state.process_group if state.process_group is not None else distributed.training_group()
+    group = dist.group.WORLD if group is None else group
     telemetry = state.telemetry
     staged = distributed.needs_staging(buffer)
     if staged:

@@ -22,7 +22,7 @@ import socket
 import time
 import weakref
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,33 @@ Replay = Callable[[], None]  # runs one collective of a step again (the mid-epoc
 _watcher: Optional[Callable[[torch.Tensor, Optional[Replay]], None]] = None  # told of each collective
 # DDP's method that broadcasts its buffers (private: named here only); torch 1.x to 2.13 at least.
 _DDP_BROADCAST = "_distributed_broadcast_coalesced"
+_training: Optional[Tuple[int, ...]] = None  # the ranks a plan trains on now (None: every rank)
+_groups: Dict[Tuple[int, ...], Any] = {}     # one process group per such set, made once
+
+
+def set_training_ranks(ranks) -> None:
+    """The ranks whose steps run from now on, and between which a step's collectives run
+    (the others are left out: no collective of a step waits for them). Every rank calls it
+    with the same ranks at the same point (a new set's group is made by every rank)."""
+    global _training
+    ranks = tuple(sorted(int(r) for r in ranks))
+    if ranks == tuple(range(world_size())):
+        _training = None
+        return
+    if ranks not in _groups:
+        _groups[ranks] = dist.new_group(list(ranks))
+    _training = ranks
+
+
+def training_group():
+    """The process group of a step's collectives: ``None`` (the default group) when every
+    rank trains."""
+    return None if _training is None else _groups[_training]
+
+
+def trains() -> bool:
+    """Whether this rank's steps take part in the collectives (it is not left out)."""
+    return _training is None or rank() in _training
 
 
 def watch_collectives(watcher: Optional[Callable[[torch.Tensor, Optional[Replay]], None]]) -> None:
@@ -76,6 +103,12 @@ def watch_buffer_broadcasts(model: torch.nn.Module) -> bool:
     owner = weakref.ref(model)
 
     def watched(tensors, buffer_size, authoritative_rank=0):
+        if not trains():
+            return None  # a rank left out takes no part in the step's broadcast
+        if _training is not None:  # among the ranks that train, from the first of them
+            return dist._broadcast_coalesced(  # DDP's own call (private), on their group
+                training_group(), tensors, buffer_size, 0)
+
         def replay():
             ddp = owner()
             if ddp is not None:
@@ -148,22 +181,24 @@ def all_reduce_sum(tensor: torch.Tensor, timed: bool = False, in_step: bool = Tr
 
     With ``timed``, its seconds are added to :func:`collective_seconds`
     (:func:`counted_as_wait`).
-    ``in_step=False``: a sum outside any training step (an epoch's metrics), which the
-    watcher is not told of.
+    ``in_step=False``: a sum outside any training step (an epoch's metrics), over every
+    rank, which the watcher is not told of; in a step, the sum is over the ranks that train
+    (:func:`set_training_ranks`), and a rank left out keeps its own.
     """
-    if not is_distributed():
+    if not is_distributed() or (in_step and not trains()):
         return tensor.clone()
+    group = training_group() if in_step else None
     with counted_as_wait(tensor.device) if timed else nullcontext():
         if needs_staging(tensor):
             host = tensor.detach().to("cpu", copy=True)
             if in_step:
                 entering(host)
-            dist.all_reduce(host, op=dist.ReduceOp.SUM)
+            dist.all_reduce(host, op=dist.ReduceOp.SUM, group=group)
             return host.to(tensor.device)
         out = tensor.detach().clone()
         if in_step:
             entering(out)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
         return out
 
 

@@ -10,11 +10,17 @@ force at step ``s``. So every rank runs the same number of steps, no sample is s
 an epoch, and a plan may change at any step boundary (every rank changing at the same step)
 without losing or repeating a sample: the first ``c`` steps always use the permutation's
 first ``c B`` entries, whatever plans they ran.
+
+A pass whose plan gives this rank 0 samples (left out, from an epoch's start: the other
+ranks' steps are as above without it) hands out one probe batch of :attr:`probe_batch`
+samples, for the rank to time a step of its own off the critical path, and ends.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Iterator, List, Optional
+
+import time
 
 import numpy as np
 import torch.utils.data
@@ -77,6 +83,10 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # A rank left its loop mid-epoch: no more batches, in this pass or later ones.
         self.halted = False
         self.stop_guard = None  # the LoadBalancer's StopGuard (hvd_balance.torch.stop), if any
+        # A pass in which the plan leaves this rank out hands out one probe batch of this many
+        # samples, then ends; ``probe_started`` is when (``time.perf_counter``), else None.
+        self.probe_batch = max(1, int(global_batch_size) // self.world_size)
+        self.probe_started: Optional[float] = None
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -173,6 +183,13 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self._schedule[epoch] = {0: self.plan}  # a fresh pass starts from the plan in force
         self.laid_out = 0
         self.iterations += 1
+        self.probe_started = None
+        if self.plan.batch_sizes[self.rank] == 0 and self.steps and not self.halted:
+            # Left out for this epoch: one step of its own, timed, then the epoch's end.
+            self.laid_out = self.steps
+            self.probe_started = time.perf_counter()
+            yield order[:self.probe_batch].tolist()
+            return
         try:
             for step in range(self.steps):
                 if self.halted:

@@ -240,3 +240,11 @@ def test_set_world_resets_to_the_uniform_split():
     v.set_world(rank=2, world_size=3)
     assert v.plan.batch_sizes == (4, 4, 4) and v.local_batch_size == 4
     assert all(len(b) == 4 for b in v.indices(0))
+
+
+def test_a_plan_that_leaves_a_rank_out_is_refused_naming_it():
+    """Horovod's process sets are fixed at init: every rank keeps one sample or more."""
+    d = BalancedData(np.arange(200), np.arange(200), global_batch_size=20, rank=0, world_size=2)
+    with pytest.raises(ValueError, match=r"the plan leaves rank\(s\) 1 out \(0 samples\), which "
+                                         r"Horovod cannot.*launch the job without them"):
+        d.set_plan(Plan.from_batch_sizes([20, 0]))

@@ -53,7 +53,7 @@ def test_keras_on_torch_bad_input_fails_on_every_rank_naming_the_value(tmp_path)
                     "- {local_batch: 70}\n- {local_batch: -6}\n")
     for args, message in [(["bad_batch"], "global_batch_size differs across ranks: rank 0: 64, "
                                           "rank 1: 48"),
-                          (["plan", path], "ranks[1].local_batch must be an integer >= 1; got -6"),
+                          (["plan", path], "ranks[1].local_batch must be an integer >= 0; got -6"),
                           (["bad_steps"], "fit runs 5 steps an epoch (steps_per_epoch) but the "
                                           "data has 24")]:
         run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=args)

@@ -197,10 +197,10 @@ def test_corrupt_or_hostile_plan_files_fail_on_every_rank_and_run_nothing(tmp_pa
         "truncated.yaml": (text[: text.index("local_batch: 24") + 5],
                            "is not valid YAML (truncated or corrupt?)"),
         "wrong_types.yaml": (text.replace("local_batch: 40", 'local_batch: "forty"'),
-                             "ranks[0].local_batch must be an integer >= 1; got 'forty'"),
+                             "ranks[0].local_batch must be an integer >= 0; got 'forty'"),
         "negative.yaml": (text.replace("local_batch: 40", "local_batch: -8")
                           .replace("global_batch_size: 64", "global_batch_size: 16"),
-                          "ranks[0].local_batch must be an integer >= 1; got -8"),
+                          "ranks[0].local_batch must be an integer >= 0; got -8"),
         "binary.yaml": (bytes(range(256)), "is not UTF-8 text"),
         "missing.yaml": (None, "cannot read plan file"),
     }

@@ -87,7 +87,7 @@ def test_a_bad_plan_file_fails_on_every_rank_naming_the_entry(tmp_path):
     results = run.results()
     assert sorted(results) == [0, 1], run.stdout[-3000:]
     for r in results.values():
-        assert "ranks[1].local_batch must be an integer >= 1; got -6" in r["error"], r
+        assert "ranks[1].local_batch must be an integer >= 0; got -6" in r["error"], r
 
 
 def test_load_balancer_moves_work_off_a_slowed_rank():

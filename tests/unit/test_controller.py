@@ -206,3 +206,61 @@ def test_pure_noise_never_names_a_rank_to_leave_out(name):
         decisions = advise_run(fixed, per_sample, windows=50, seed=seed, noise=0.05,
                                collective_s=OVERHEAD_S)
         assert all(d.leave_out is None for d in decisions)
+
+
+# -- leaving ranks out (the torch edge: windows that may change the set of ranks) ----------
+
+def leave_run(fixed, per_sample, windows, seed, noise=0.03, collective_s=COLLECTIVE_S,
+              change=None):
+    """As `advise_run`, every window may leave ranks out or take them back (an epoch's end
+    on the torch edge): a rank left out reports a probe step of its own at ``B / N`` samples,
+    and the collectives cost nothing when one rank trains alone. Returns the plans run and
+    the steps measured."""
+    rng = np.random.default_rng(seed)
+    n = len(fixed)
+    plan, ctl, plans, steps = Plan.uniform(256, n), Controller(), [], []
+    for k in range(windows):
+        if change is not None and k == change[0]:
+            fixed, per_sample = change[1], change[2]
+        measured = [b or 256 // n for b in plan.batch_sizes]
+        busy = [(a + c * b) * rng.lognormal(0.0, noise)
+                for a, c, b in zip(fixed, per_sample, measured)]
+        training = [m for i, m in enumerate(busy) if plan.batch_sizes[i]]
+        step = max(training) * rng.lognormal(0.0, noise / 2) + (collective_s if len(training) > 1
+                                                                else 0.0)
+        plans.append(plan)
+        steps.append(step)
+        window = Window(tuple(measured), busy, (noise,) * n, step, left_out=plan.left_out,
+                        may_leave_out=True)
+        decision, ctl = ctl.next(plan, window)
+        plan = decision.plan
+    return plans, steps
+
+
+def test_ranks_whose_fixed_cost_exceeds_the_gpus_step_are_left_out_within_two_windows():
+    alone = 0.004 + 0.00001 * 256  # the GPU on the whole global batch
+    for seed in range(10):
+        plans, steps = leave_run(*GPU_CPUS, windows=8, seed=seed)
+        assert all(p.left_out == (1, 2, 3) for p in plans[2:]), [p.batch_sizes for p in plans]
+        assert plans[-1].batch_sizes == (256, 0, 0, 0)
+        assert np.median(steps[3:]) == pytest.approx(alone, rel=0.05)
+
+
+def test_left_out_ranks_that_become_fast_are_taken_back_within_two_windows():
+    slower_gpu = ([0.004] + [0.010] * 3, [0.0001] + [0.005] * 3)  # alone: 29.6 ms a step
+    fast = ([0.004] * 4, [0.0001] * 4)  # the CPUs become as fast: 4 ranks take 19.4 ms
+    for seed in range(10):
+        plans, steps = leave_run(*slower_gpu, windows=12, seed=seed, change=(5, *fast))
+        assert plans[4].left_out == (1, 2, 3), [p.batch_sizes for p in plans]
+        # windows 5 and 6 ran after the change: every rank trains again from window 7 on
+        assert all(not p.left_out for p in plans[7:]), [p.batch_sizes for p in plans]
+        assert np.median(steps[8:]) < 0.75 * np.median(steps[2:5])
+
+
+@pytest.mark.parametrize("name", sorted(LINES))
+def test_pure_noise_never_leaves_a_rank_out(name):
+    fixed, per_sample = LINES[name]
+    for seed in range(5):
+        plans, _ = leave_run(fixed, per_sample, windows=50, seed=seed, noise=0.05,
+                             collective_s=OVERHEAD_S)
+        assert all(not p.left_out for p in plans), [p.batch_sizes for p in plans]

@@ -378,7 +378,7 @@ def test_plan_from_batch_sizes():
 
 @pytest.mark.parametrize("kwargs, named", [
     (dict(batch_sizes=(5, 17, 42), global_batch_size=65), "add up to 64, not the global batch 65"),
-    (dict(batch_sizes=(0, 64), global_batch_size=64), "batch_sizes[0] must be an integer >= 1; got 0"),
+    (dict(batch_sizes=(0, 0), global_batch_size=0), "all 0: at least one rank must train"),
     (dict(batch_sizes=(-1, 65), global_batch_size=64), "got -1"),
     (dict(batch_sizes=(2.5, 61.5), global_batch_size=64), "got 2.5"),
 ])

@@ -1,0 +1,68 @@
+"""Leaving ranks out on the torch edge, for real: 2 and 3 ranks under torchrun (hard timeout)."""
+
+import pytest
+
+from hvd_balance.core.plan import Plan
+from support.torchrun import run_torchrun
+
+SCRIPTS = "tests/torch_edge/rank_scripts/"
+
+
+@pytest.mark.parametrize("nproc, syncbn", [(2, False), (3, False), (2, True), (3, True)])
+def test_a_rank_left_out_and_taken_back_keeps_the_update_exact(nproc, syncbn):
+    """The last rank is out in epoch 1 (a scripted controller): its one probe step changes
+    nothing, the others train on every step's B samples, and after it is taken back every
+    rank's weights equal one process trained on the same global batches (float64)."""
+    run = run_torchrun(SCRIPTS + "leave_out_exact.py", nproc=nproc, timeout=150,
+                       args=["syncbn"] if syncbn else [])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert sorted(results) == list(range(nproc))
+    B, last = results[0]["B"], nproc - 1
+    for rank, r in results.items():
+        assert r["relative"] < 1e-9, (rank, r["relative"])
+        out = [s for s in r["steps"] if s["left_out"]]
+        if rank == last:  # epoch 1: one probe step of its own, of probe_batch samples
+            assert [(s["epoch"], len(s["indices"]), s["weight"]) for s in out] == [
+                (1, r["probe_batch"], 1.0)]
+        else:
+            assert not out
+    for epoch in range(3):
+        training = {rank: [s for s in r["steps"] if s["epoch"] == epoch and not s["left_out"]]
+                    for rank, r in results.items()}
+        counts = {len(steps) for steps in training.values() if steps}
+        assert counts == {5}, (epoch, counts)
+        seen = [i for steps in training.values() for s in steps for i in s["indices"]]
+        assert len(seen) == len(set(seen)) == 5 * B  # every step B samples, none twice
+    windows = results[0]["windows"]
+    assert [w["may_leave_out"] for w in windows] == [True] * 3
+    assert windows[1]["left_out"] == [last] and windows[1]["batches"][last] == results[0]["probe_batch"]
+    said = [line for line in run.stdout.splitlines() if line.startswith("hvd_balance: rank")]
+    assert said == [f"hvd_balance: rank {last} left out from epoch 1: without them 1.0 ms "
+                    f"predicted; they held {round(100 / nproc)} % of the samples",
+                    f"hvd_balance: rank {last} taken back from epoch 2: without them a step takes "
+                    + said[1].split("takes ")[1]], said
+
+
+def test_the_controller_leaves_a_costly_rank_out_and_every_rank_ends_equal():
+    """Rank 1 sleeps 0.15 s a step in epochs 0 and 1: left out from epoch 1, the epochs run at
+    rank 0's own speed; both ranks end with the same weights."""
+    run = run_torchrun(SCRIPTS + "leave_out_live.py", nproc=2, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert results[0]["plans"] == results[1]["plans"]
+    plans, epoch_s = results[0]["plans"], results[0]["epoch_s"]
+    assert plans[0] == [32, 32] and plans[1] == [64, 0], plans
+    assert max(epoch_s[1:3]) < epoch_s[0] / 3, epoch_s
+    assert results[0]["differs"] == results[1]["differs"] == 0.0
+    assert "hvd_balance: rank 1 left out from epoch 1: with them a step takes " in run.stdout
+
+
+def test_a_plan_that_leaves_a_rank_out_needs_the_optimizer(tmp_path):
+    path = tmp_path / "plan.yaml"
+    Plan.from_batch_sizes([64, 0]).save(str(path))
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=120, args=["plan", path])
+    results = run.results()
+    for rank in (0, 1):
+        assert "the plan leaves rank(s) [1] out: that needs LoadBalancer(..., optimizer=)" in \
+            results[rank]["error"], results[rank]
