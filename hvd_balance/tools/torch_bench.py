@@ -7,10 +7,14 @@ under each strategy, each job on its own, the strategies interleaved within ever
 - **uniform**: what plain DDP does, ``B / N`` samples on every rank;
 - **proportional**: the paper's rule (Moreno-Alvarez et al. 2020): each rank times a few
   steps alone at ``B / N`` samples, then batches proportional to the measured samples/s, kept;
-- **balanced**: ``hvd_balance.torch.LoadBalancer(model, sampler)`` with every default.
+- **balanced**: ``hvd_balance.torch.LoadBalancer(model, sampler, optimizer=optimizer)`` with
+  every default (it may leave a rank out);
+- **without** (with ``--without 2``): the same job launched without those ranks, balanced:
+  the best subset run on its own, what leaving ranks out should match.
 
 Every job weights each rank's loss by ``b_i / B`` and sums (the same hook), so only the split
-differs. ``--lightning`` trains in a Lightning ``Trainer`` instead of a hand-written loop:
+differs. ``--fixed-ms 0,0,60`` adds a fixed cost to each step of a rank (a wait of that many
+milliseconds where the slowdown waits): a device whose per-step overhead outweighs its work. ``--lightning`` trains in a Lightning ``Trainer`` instead of a hand-written loop:
 *uniform* is then Lightning's own ``DDPStrategy`` (``batch_size = B / N`` and its
 ``DistributedSampler``), *proportional* and *balanced* ``hvd_balance.lightning``'s
 ``BalancedDDPStrategy`` with the paper's plan and with every default. Two emulations of slow devices, as ``python -m hvd_balance.bench`` has
@@ -76,8 +80,8 @@ class _Timer:
     the ``--slowdown`` wait there: ``k - 1`` times the compute (forward start to that
     gradient), before the last bucket's allreduce."""
 
-    def __init__(self, model, slowdown: float):
-        self.slowdown, self.busy_s = float(slowdown), []
+    def __init__(self, model, slowdown: float, fixed_s: float = 0.0):
+        self.slowdown, self.fixed_s, self.busy_s = float(slowdown), float(fixed_s), []
         self.step_start = self._forward_start = None
         self._waited = False
         model.register_forward_pre_hook(self._forward_begins)
@@ -98,8 +102,8 @@ class _Timer:
         if not self._waited and self._forward_start is not None:
             self._waited = True
             compute = time.perf_counter() - self._forward_start
-            if self.slowdown > 1:
-                time.sleep((self.slowdown - 1) * compute)
+            if self.slowdown > 1 or self.fixed_s > 0:
+                time.sleep((self.slowdown - 1) * compute + self.fixed_s)
             self.busy_s.append(time.perf_counter() - self.step_start)
             self.step_start = None
         return grad
@@ -135,10 +139,10 @@ def _loop_epochs(cfg, model, data, timer: _Timer, plan, start: float):
 
     ddp = DDP(model)
     sampler = hb.BalancedBatchSampler(data, global_batch_size=cfg["global_batch"], seed=0)
-    balancer = hb.LoadBalancer(ddp, sampler, plan=plan, verbose=0)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    balancer = hb.LoadBalancer(ddp, sampler, plan=plan, verbose=0, optimizer=opt)
     start_s = time.perf_counter() - start
     loader = DataLoader(data, batch_sampler=sampler)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     epochs = []
     for epoch in range(cfg["epochs"]):
         sampler.set_epoch(epoch)
@@ -238,7 +242,7 @@ def _worker(cfg: Dict[str, Any]) -> None:
     x, y = make_data(shape, cfg["samples"], seed=0)  # the TensorFlow benchmark's data
     data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long())
     torch.manual_seed(0)
-    timer = _Timer(model, cfg["slowdowns"][rank])
+    timer = _Timer(model, cfg["slowdowns"][rank], cfg["fixed_s"][rank])
     B, strategy = cfg["global_batch"], cfg["strategy"]
     start = time.perf_counter()
     plan, rates = None, None
@@ -308,7 +312,7 @@ def summarize(jobs: List[Dict[str, Any]], global_batch: int) -> List[Dict[str, A
     """One row per strategy: steady epoch s, plans, speedup, share of ideal, efficiency."""
     rows = []
     uniform_rates = None
-    for strategy in STRATEGIES:
+    for strategy in STRATEGIES + ("without",):
         mine = [j for j in jobs if j["strategy"] == strategy]
         if not mine:
             continue
@@ -318,7 +322,8 @@ def summarize(jobs: List[Dict[str, Any]], global_batch: int) -> List[Dict[str, A
             for ranks in per_epoch:
                 epoch_s.append(ranks[0]["epoch_s"])
                 busy.append([r["busy_ms"] for r in ranks])
-                eff.append(statistics.mean(busy[-1]) / max(busy[-1]))
+                training = [b for b, n in zip(busy[-1], ranks[0]["plan"]) if n]  # not left out
+                eff.append(statistics.mean(training) / max(training))
                 plans.append(ranks[0]["plan"])
         row = {"strategy": strategy, "epoch_s": statistics.median(epoch_s),
                "epoch_s_all": epoch_s, "plans": plans, "efficiency": statistics.median(eff),
@@ -356,6 +361,8 @@ def _parser() -> argparse.ArgumentParser:
                                             "e.g. 1.0,0.25")
     emulation.add_argument("--slowdown", help="compute slowdown per rank, e.g. 1,4")
     p.add_argument("--period-us", type=int, default=DEFAULT_PERIOD_US, help="the quotas' period")
+    p.add_argument("--fixed-ms", help="a fixed cost per step per rank, milliseconds, e.g. 0,0,60")
+    p.add_argument("--without", help="ranks to launch the 'without' job without, e.g. 2")
     p.add_argument("--model", default="cnn", choices=("cnn", "tiny"))
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--reps", type=int, default=3, help="repetitions of every strategy")
@@ -374,8 +381,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _worker(json.loads(argv[1]))
         return 0
     args = _parser().parse_args(argv)
-    strategies = args.strategies.split(",")
-    unknown = sorted(set(strategies) - set(STRATEGIES))
+    strategies = args.strategies.split(",") + (["without"] if args.without else [])
+    unknown = sorted(set(strategies) - set(STRATEGIES) - {"without"})
     if unknown:
         raise SystemExit(f"unknown strategies {unknown}; choose from {list(STRATEGIES)}")
     shares = parse_cpu_shares(args.shares) if args.shares else None
@@ -383,15 +390,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     world = len(slowdowns)
     cores = tuple(sorted(os.sched_getaffinity(0)))
     loads = shares if shares else [1.0 / k for k in slowdowns]
+    fixed = [float(v) / 1000 for v in args.fixed_ms.split(",")] if args.fixed_ms else [0.0] * world
+    if len(fixed) != world or min(fixed) < 0:
+        raise SystemExit(f"--fixed-ms needs {world} values >= 0; got {args.fixed_ms!r}")
+    without = sorted({int(r) for r in args.without.split(",")}) if args.without else []
+    if any(not 0 <= r < world for r in without) or len(without) >= world:
+        raise SystemExit(f"--without needs ranks of the job (0..{world - 1}), not all; "
+                         f"got {args.without!r}")
     cfg = {"model": args.model, "global_batch": args.global_batch, "samples": args.samples,
            "epochs": args.epochs, "slowdowns": list(slowdowns), "lightning": args.lightning,
+           "fixed_s": fixed,
            "cores": [list(c) for c in assign_cores([min(1.0, s) for s in (shares or [1.0] * world)],
                                                     cores, loads)]}
     jobs = []
     for rep in range(args.reps):
         for strategy in strategies:
             t = time.perf_counter()
-            ranks = run_job(dict(cfg, strategy=strategy), shares, args.period_us)
+            job = dict(cfg, strategy=strategy)
+            if strategy == "without":  # the balanced job on the other ranks alone
+                kept = [r for r in range(world) if r not in without]
+                job = dict(job, strategy="balanced", **{
+                    k: [cfg[k][r] for r in kept] for k in ("slowdowns", "fixed_s", "cores")})
+            ranks = run_job(job, [shares[r] for r in range(world) if strategy != "without"
+                                  or r not in without] if shares else None, args.period_us)
             jobs.append({"strategy": strategy, "rep": rep, "ranks": ranks})
             print(f"rep {rep} {strategy}: epochs "
                   f"{[round(e['epoch_s'], 2) for e in ranks[0]['epochs']]} s, plans "
