@@ -12,7 +12,9 @@ STOP_BATCH, STEPS = 5, 20  # tests/rank_scripts/mid_epoch_stop.py
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("kind,cause", [("callbacks", "callback"), ("balancer", "nan"),
-                                        ("watchdog", "nan")])
+                                        # the balancer's path plus the out-of-band watchdog
+                                        pytest.param("watchdog", "nan",
+                                                     marks=pytest.mark.default_stack)])
 def test_a_rank_stopping_mid_epoch_stops_every_rank_cleanly_naming_it(kind, cause):
     run = run_ranks("tests/rank_scripts/stop_fit.py", np=2, args=["mid", kind, cause], timeout=150)
     assert run.returncode == 0, run.stdout[-3000:]
