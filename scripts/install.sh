@@ -174,6 +174,17 @@ u.check_installed_version("tensorflow", tf.__version__)' >&2 || true
   TF_CPP_MIN_LOG_LEVEL=2 "$venv/bin/horovodrun" --check-build >&2 || true
 }
 
+# One Horovod build per TensorFlow: its wheel is kept in the checkout (.wheels/, ignored by git)
+# for another stack on the same TensorFlow and Python (keras3 and tf-keras share TF 2.21).
+py_tag=$("$vpy" -c 'import sys; print("%d%d" % sys.version_info[:2])')
+patch_tag=$(sha256sum "$HVD_PATCH" | cut -c1-12)
+wheel_dir="$repo/.wheels/horovod-$HVD_VERSION-tf$TF_VERSION-py$py_tag-gpu$gpu-$patch_tag"
+if ! hvd_ok && compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
+  log "installing horovod $HVD_VERSION as built for TensorFlow $TF_VERSION earlier ($wheel_dir)"
+  vpip install -q --force-reinstall --no-deps "$wheel_dir"/horovod-*.whl || true
+  vpip install -q "$wheel_dir"/horovod-*.whl || true  # its dependencies
+fi
+
 if ! hvd_ok; then
   log "building horovod $HVD_VERSION from source against TensorFlow $TF_VERSION (a few minutes)"
   # gloo's CMakeLists predates cmake 4: use the system cmake 3.x, never a pip-installed 4.x.
@@ -216,15 +227,17 @@ if ! hvd_ok; then
   fi
   # --no-cache-dir: the pip wheel cache ignores the TensorFlow version; keep the build honest.
   # -v: the compiler's and CMake's output go to the log, shown when something fails.
-  if ! PATH="$build_path" vpip install -v --no-cache-dir --no-build-isolation \
-      "$src/horovod-$HVD_VERSION" >> "$build_log" 2>&1; then
+  if ! PATH="$build_path" vpip wheel -v --no-deps --no-cache-dir --no-build-isolation \
+      -w "$src/wheel" "$src/horovod-$HVD_VERSION" >> "$build_log" 2>&1 \
+      || ! vpip install "$src"/wheel/horovod-*.whl >> "$build_log" 2>&1; then
     log "pip could not build horovod $HVD_VERSION; the end of $build_log:"
     tail -n 60 "$build_log" >&2
     exit 1
   fi
-  rm -rf "$src"; trap - EXIT
   hvd_ok || { explain_failed_build; exit 1; }
-  log "horovod $HVD_VERSION built with TensorFlow $TF_VERSION and Gloo"
+  mkdir -p "$wheel_dir" && cp "$src"/wheel/horovod-*.whl "$wheel_dir"/
+  rm -rf "$src"; trap - EXIT
+  log "horovod $HVD_VERSION built with TensorFlow $TF_VERSION and Gloo (wheel kept in $wheel_dir)"
 fi
 
 install_editable
