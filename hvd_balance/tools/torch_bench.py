@@ -26,7 +26,8 @@ bucket goes to the allreduce (counted as busy time: a slower device, not a slowe
 batch included) to its first layer's gradient. Each
 rank runs one thread, pinned to a core as the TensorFlow benchmark pins them.
 
-*epoch s*: the median over the steady epochs (the 2nd and later) and repetitions; *speedup*:
+*epoch s*: the median over the steady epochs (the 2nd and later, or ``--steady-from``) and
+repetitions; *speedup*:
 uniform's epoch over the strategy's; *share of ideal*: the speedup over the ideal one (equal
 finish times, no overhead) from each rank's samples/s in the uniform jobs
 (:func:`hvd_balance.tools.bench.figures.share_of_ideal`); *efficiency*: per steady step, the
@@ -308,8 +309,10 @@ def run_job(cfg: Dict[str, Any], shares: Optional[Sequence[float]], period_us: i
         return [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def summarize(jobs: List[Dict[str, Any]], global_batch: int) -> List[Dict[str, Any]]:
-    """One row per strategy: steady epoch s, plans, speedup, share of ideal, efficiency."""
+def summarize(jobs: List[Dict[str, Any]], global_batch: int,
+              steady_from: int = 2) -> List[Dict[str, Any]]:
+    """One row per strategy: steady epoch s (epochs ``steady_from`` on, counting from 1),
+    plans, speedup, share of ideal, efficiency."""
     rows = []
     uniform_rates = None
     for strategy in STRATEGIES + ("without",):
@@ -318,7 +321,7 @@ def summarize(jobs: List[Dict[str, Any]], global_batch: int) -> List[Dict[str, A
             continue
         epoch_s, busy, eff, plans = [], [], [], []
         for j in mine:
-            per_epoch = list(zip(*[r["epochs"] for r in j["ranks"]]))[1:]  # steady epochs
+            per_epoch = list(zip(*[r["epochs"] for r in j["ranks"]]))[steady_from - 1:]
             for ranks in per_epoch:
                 epoch_s.append(ranks[0]["epoch_s"])
                 busy.append([r["busy_ms"] for r in ranks])
@@ -367,6 +370,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--reps", type=int, default=3, help="repetitions of every strategy")
     p.add_argument("--epochs", type=int, default=4, help="epochs a job (the first is not steady)")
+    p.add_argument("--steady-from", type=int, default=2,
+                   help="the first epoch counted (from 1): later where ranks are left out")
     p.add_argument("--global-batch", type=int, default=512, help="B, samples a step")
     p.add_argument("--samples", type=int, default=25600, help="training samples")
     p.add_argument("--lightning", action="store_true",
@@ -418,7 +423,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{[round(e['epoch_s'], 2) for e in ranks[0]['epochs']]} s, plans "
                   f"{[e['plan'] for e in ranks[0]['epochs']]} ({time.perf_counter() - t:.0f} s)",
                   flush=True)
-    rows = summarize(jobs, args.global_batch)
+    rows = summarize(jobs, args.global_batch, args.steady_from)
     print(table(rows))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
