@@ -20,7 +20,7 @@ from .comm_hook import SumHookState, allreduce_sum_hook
 from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
 from ..core.busy import robust_busy
-from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window
+from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, PRIOR_VARIATION, Controller, Window
 from ..core.memory_caps import check_caps_feasible, resolve_max_batch_sizes
 from ..core.plan import Plan
 from ..core.planner import plan_batches
@@ -139,8 +139,9 @@ class LoadBalancer:
         optimizer: the model's optimizer. With it, at an epoch's end the controller may leave
             ranks out (a rank whose step costs more than it brings: 0 samples, no part in
             the step's collectives) and take them back; a rank taken back gets the others'
-            parameters, buffers and optimizer state first. Without it rank 0 only says which
-            ranks the job would be faster without.
+            parameters, buffers and optimizer state first. Without it, with DDP's
+            ``find_unused_parameters`` or ``static_graph``, or with ``torch.nn.SyncBatchNorm``,
+            rank 0 only says which ranks the job would be faster without.
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
@@ -154,7 +155,7 @@ class LoadBalancer:
         ValueError: ranks that disagree on the global batch, the data set's size, the seed
             or the model's parameter count; a bad plan file or dict; caps that cannot hold
             the global batch (naming each rank's cap), or a given plan above a cap; a given
-            plan that leaves ranks out without ``optimizer``.
+            plan that leaves ranks out.
         PlanMismatchError: a plan for another world size, global batch or host order.
         TypeError: a model that is not ``DistributedDataParallel`` with several ranks (and
             no ``telemetry``).
@@ -220,8 +221,16 @@ class LoadBalancer:
 
         self._hooked = (isinstance(model, torch.nn.parallel.DistributedDataParallel)
                         and not self._caller_sums)
-        # Leaving a rank out needs the state to give it back: the DDP module's and the optimizer's.
-        self._can_leave_out = self._hooked and optimizer is not None and self.world_size > 1
+        # Leaving a rank out needs the state to give it back (the DDP module's and the
+        # optimizer's), and no collective of DDP's own outside the hook: not with unused
+        # parameters searched or a static graph (an allreduce each backward), nor with torch's
+        # SyncBatchNorm (on the default group).
+        self._can_leave_out = (
+            self._hooked and optimizer is not None and self.world_size > 1
+            and not getattr(model, "find_unused_parameters", False)
+            and not getattr(model, "static_graph", False)
+            and not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
+        self._steps_run = 0  # DDP rebuilds its buckets on the default group at its 2nd step
         if self._hooked:
             model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
             distributed.watch_buffer_broadcasts(model)  # a leave replays them too (stop.py)
@@ -239,9 +248,11 @@ class LoadBalancer:
                 if over:
                     raise ValueError(f"the plan's local batches exceed the memory caps ("
                                      f"{'; '.join(over)})")
-                if start.left_out and not self._can_leave_out:
-                    raise ValueError(f"the plan leaves rank(s) {list(start.left_out)} out: that "
-                                     "needs LoadBalancer(..., optimizer=) and a DDP model")
+                if start.left_out:
+                    raise ValueError(f"the plan leaves rank(s) {list(start.left_out)} out: launch "
+                                     "the job without them, or start with every rank and pass "
+                                     "LoadBalancer(..., optimizer=) to leave them out at an "
+                                     "epoch's end")
                 return start
             start = distributed.all_ok(given, "hvd_balance.torch.given_plan")
             extra = {} if start.hosts else {"hosts": list(hosts), "devices": list(devices)}
@@ -373,6 +384,9 @@ class LoadBalancer:
             self._iterations_seen = self.sampler.iterations
             self._step = 0
         if self.sampler.probe_started is not None:  # left out: this pass's one step of its own
+            device = _model_device(self.model)
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)  # no hook waited for the step's kernels
             self._probe_s = time.perf_counter() - self.sampler.probe_started
             self.sampler.probe_started = None
             self.telemetry.reset()
@@ -385,6 +399,7 @@ class LoadBalancer:
         finished = self._step
         self._step += 1
         self._since_window += 1
+        self._steps_run += 1
         if self._guard is not None and self._guard.step_done():
             return  # a rank left its loop: no window (its gather would wait for it)
         if self._pending_apply is not None and self._step == self._pending_apply:
@@ -418,8 +433,8 @@ class LoadBalancer:
                 "wait_s": reading["wait_s"] / counted if counted else None,
                 "laid_out": self.sampler.laid_out, "steps": counted,
                 "batch": plan_now.batch_sizes[self.rank]}
-        if not mine["batch"]:  # left out: its probe step
-            mine.update(busy_s=self._probe_s, noise=0.0, step_s=None,
+        if not mine["batch"]:  # left out: its probe step, one sample of the noise assumed
+            mine.update(busy_s=self._probe_s, noise=PRIOR_VARIATION, step_s=None,
                         batch=self.sampler.probe_batch)
         try:
             gathered = distributed.allgather_object(mine)
@@ -444,7 +459,8 @@ class LoadBalancer:
                             noise=tuple(g["noise"] for g in gathered),
                             step_s=None if first or not steps else max(steps),
                             left_out=plan_now.left_out,
-                            may_leave_out=self._can_leave_out and epoch_end)
+                            may_leave_out=self._can_leave_out and epoch_end
+                            and self._steps_run >= 2)
             decision, self._controller = self._controller.next(plan_now, window)
             return {"plan": decision.plan.to_dict(), "decision": decision.decision,
                     "predicted_s": decision.predicted_s, "measured_s": decision.measured_s,

@@ -85,7 +85,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         self.stop_guard = None  # the LoadBalancer's StopGuard (hvd_balance.torch.stop), if any
         # A pass in which the plan leaves this rank out hands out one probe batch of this many
         # samples, then ends; ``probe_started`` is when (``time.perf_counter``), else None.
-        self.probe_batch = max(1, int(global_batch_size) // self.world_size)
+        self.probe_batch = min(max(2, int(global_batch_size) // self.world_size), n)  # 2: batch norm
         self.probe_started: Optional[float] = None
 
     # -- sizes -------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The re-planning controller on synthetic ranks: noisy lines with fixed costs (pure Python)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -264,3 +266,17 @@ def test_pure_noise_never_leaves_a_rank_out(name):
         plans, _ = leave_run(fixed, per_sample, windows=50, seed=seed, noise=0.05,
                              collective_s=OVERHEAD_S)
         assert all(not p.left_out for p in plans), [p.batch_sizes for p in plans]
+
+
+def test_a_leave_out_that_made_the_step_longer_is_undone_only_where_ranks_may_move():
+    plan = Plan.uniform(256, 4)
+    busy = (0.005, 0.33, 0.33, 0.33)
+    d, ctl = Controller().next(plan, Window(plan.batch_sizes, busy, (0.03,) * 4, 0.34,
+                                            may_leave_out=True))
+    assert d.decision == "switched" and d.plan.left_out == (1, 2, 3)
+    out, probes = d.plan, (256, 64, 64, 64)
+    longer = Window(probes, (0.5, 0.33, 0.33, 0.33), (0.03,) * 4, 0.5, left_out=(1, 2, 3))
+    d, ctl = ctl.next(out, longer)  # a window inside an epoch: the set of ranks stays
+    assert (d.decision, d.plan.batch_sizes) == ("kept", out.batch_sizes)
+    d, ctl = ctl.next(out, dataclasses.replace(longer, may_leave_out=True))
+    assert (d.decision, d.plan.batch_sizes) == ("reverted", plan.batch_sizes)
