@@ -21,6 +21,7 @@ from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
 from ..core.busy import robust_busy
 from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, PRIOR_VARIATION, Controller, Window
+from ..core.leave_out import regrouped
 from ..core.memory_caps import check_caps_feasible, resolve_max_batch_sizes
 from ..core.plan import Plan
 from ..core.planner import plan_batches
@@ -44,30 +45,6 @@ def _model_device(model: torch.nn.Module) -> Optional[torch.device]:
     for p in model.parameters():
         return p.device
     return None
-
-
-def _regrouped(before: Plan, after: Plan, outcome: Dict[str, Any], epoch: int) -> str:
-    """What rank 0 prints when ranks are left out or taken back, e.g. ``hvd_balance: ranks 1,
-    2, 3 left out from epoch 2: with them a step takes 14.6 ms, without them 5.9 ms
-    predicted; they held 2 % of the samples``."""
-    def ranks(which):
-        return ("rank " if len(which) == 1 else "ranks ") + ", ".join(map(str, which))
-    out = sorted(set(after.left_out) - set(before.left_out))
-    back = sorted(set(before.left_out) - set(after.left_out))
-    now, then = outcome["measured_s"], outcome["predicted_s"]
-    how = "predicted" if outcome["decision"] == "switched" else "as measured before"
-    said = []
-    if out:
-        share = sum(before.batch_sizes[i] for i in out) / before.global_batch_size
-        said.append(f"{ranks(out)} left out from epoch {epoch}: "
-                    + (f"with them a step takes {1e3 * now:.1f} ms, " if now else "")
-                    + f"without them {1e3 * then:.1f} ms {how}; they held {100 * share:.0f} % "
-                    f"of the samples")
-    if back:
-        said.append(f"{ranks(back)} taken back from epoch {epoch}: "
-                    + (f"without them a step takes {1e3 * now:.1f} ms, " if now else "")
-                    + f"with them {1e3 * then:.1f} ms {how}")
-    return "hvd_balance: " + "; ".join(said)
 
 
 def _on_cpu(value):
@@ -480,7 +457,8 @@ class LoadBalancer:
         if new.left_out != plan_now.left_out or (epoch_end and plan_now.left_out):
             self._regroup(plan_now, new, epoch_end)
             if new.left_out != plan_now.left_out and self.verbose and self.rank == 0:
-                print(_regrouped(plan_now, new, outcome, self.sampler.epoch + 1), flush=True)
+                print(regrouped(plan_now, new, outcome["measured_s"], outcome["predicted_s"],
+                                outcome["decision"], self.sampler.epoch + 1), flush=True)
         if outcome is not None:
             if new.batch_sizes != plan_now.batch_sizes or outcome["decision"] != "kept":
                 self.sampler.set_plan(new, step=apply)

@@ -31,3 +31,25 @@ def finish():
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def exactness_job(samples: int, syncbn: bool):
+    """The exactness jobs' inputs: ``samples`` rows of 6 features with a linear rule, and a small
+    MLP twice, seeded: ``(x, y, reference, model)``, the reference for one process on the global
+    batch, the model its copy in DDP (hvd_balance's SyncBatchNorm with ``syncbn``)."""
+    import copy
+
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hvd_balance.torch as hb
+
+    torch.manual_seed(0)
+    x = torch.randn(samples, 6)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    layers = [nn.Linear(6, 8)] + ([nn.BatchNorm1d(8)] if syncbn else []) + [nn.ReLU(),
+                                                                               nn.Linear(8, 2)]
+    reference = nn.Sequential(*layers)
+    model = copy.deepcopy(reference)
+    return x, y, reference, DDP(hb.convert_sync_batchnorm(model) if syncbn else model)
+

@@ -7,15 +7,13 @@ hook, loss scaled by b_i / B), and in the same process a copy of the model train
 whole global batch of each step; every rank emits the largest parameter (and batch norm
 running statistic) difference after each step.
 """
-import copy
 import sys
 import time
 
-from _common import emit, finish, init
+from _common import emit, exactness_job, finish, init
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import hvd_balance.torch as hb
@@ -29,17 +27,8 @@ STEPS = 40 if flood else 3
 if flood:  # float64: 40 steps stay exact to 1e-9
     torch.set_default_dtype(torch.float64)
 B = sum(sizes)
-torch.manual_seed(0)
-x = torch.randn(STEPS * B + 3, 6)
-y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+x, y, reference, model = exactness_job(STEPS * B + 3, syncbn)
 dataset = TensorDataset(x, y)
-
-layers = [nn.Linear(6, 8)] + ([nn.BatchNorm1d(8)] if syncbn else []) + [nn.ReLU(), nn.Linear(8, 2)]
-reference = nn.Sequential(*layers)
-model = copy.deepcopy(reference)
-if syncbn:
-    model = hb.convert_sync_batchnorm(model)
-model = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
 ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()

@@ -8,14 +8,12 @@ every rank records each step's local batch (its sample indices) and, at the end,
 largest relative difference of its weights from a copy of the initial model trained in the
 same process on each step's whole global batch.
 """
-import copy
 import sys
 
-from _common import emit, finish, init
+from _common import emit, exactness_job, finish, init
 
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import hvd_balance.torch as hb
@@ -26,17 +24,8 @@ torch.set_default_dtype(torch.float64)
 rank, size = init()
 syncbn = "syncbn" in sys.argv[1:]
 B = 4 * size
-torch.manual_seed(0)
-x = torch.randn(STEPS * B + 3, 6)
-y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+x, y, reference, model = exactness_job(STEPS * B + 3, syncbn)
 dataset = TensorDataset(x, y, torch.arange(len(x)))
-
-layers = [nn.Linear(6, 8)] + ([nn.BatchNorm1d(8)] if syncbn else []) + [nn.ReLU(), nn.Linear(8, 2)]
-reference = nn.Sequential(*layers)
-model = copy.deepcopy(reference)
-if syncbn:
-    model = hb.convert_sync_batchnorm(model)
-model = DDP(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()
 windows = []
