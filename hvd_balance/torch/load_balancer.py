@@ -198,15 +198,7 @@ class LoadBalancer:
 
         self._hooked = (isinstance(model, torch.nn.parallel.DistributedDataParallel)
                         and not self._caller_sums)
-        # Leaving a rank out needs the state to give it back (the DDP module's and the
-        # optimizer's), and no collective of DDP's own outside the hook: not with unused
-        # parameters searched or a static graph (an allreduce each backward), nor with torch's
-        # SyncBatchNorm (on the default group).
-        self._can_leave_out = (
-            self._hooked and optimizer is not None and self.world_size > 1
-            and not getattr(model, "find_unused_parameters", False)
-            and not getattr(model, "static_graph", False)
-            and not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
+        self._can_leave_out = self.world_size > 1 and self._regroups(model, optimizer)
         self._steps_run = 0  # DDP rebuilds its buckets on the default group at its 2nd step
         if self._hooked:
             model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
@@ -482,7 +474,21 @@ class LoadBalancer:
         distributed.set_training_ranks(i for i, b in enumerate(after.batch_sizes) if b)
         if not before.left_out:
             return
-        src = next(i for i, b in enumerate(before.batch_sizes) if b)
+        self._share_state(next(i for i, b in enumerate(before.batch_sizes) if b))
+
+    # -- what leaving ranks out needs of the model (the Keras edge's differs) --------------------
+    def _regroups(self, model: torch.nn.Module, optimizer) -> bool:
+        """Whether the step's collectives can run among some ranks only: the hook's sums, with
+        the state to give back (the DDP module's and the optimizer's), and no collective of
+        DDP's own outside the hook: not with unused parameters searched or a static graph (an
+        allreduce each backward), nor with torch's SyncBatchNorm (on the default group)."""
+        return (self._hooked and optimizer is not None
+                and not getattr(model, "find_unused_parameters", False)
+                and not getattr(model, "static_graph", False)
+                and not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
+
+    def _share_state(self, src: int) -> None:
+        """Every rank takes rank ``src``'s parameters, buffers and optimizer state."""
         module = self.model.module
         tensors = list(module.parameters()) + list(module.buffers())
         with torch.no_grad():

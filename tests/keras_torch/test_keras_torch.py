@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from support.torchrun import run_torchrun
@@ -110,3 +111,48 @@ def test_keras_on_torch_stop_training_by_a_callback_after_the_balancer_fails_eve
     for r in results.values():
         assert r["error"].startswith("StopMismatchError: rank(s) [0] ended fit after epoch 0 while "
                                      "rank(s) [1] began another epoch"), r
+
+
+@pytest.mark.parametrize("nproc, syncbn", [(2, False), (3, True)])
+def test_keras_on_torch_rank_left_out_and_taken_back_keeps_the_update_exact(nproc, syncbn):
+    """The last rank is out in epoch 1 (a scripted controller): its one probe step changes
+    nothing, and every rank ends with the weights of one process trained on the same global
+    batches (float32, to 1e-5); each epoch's averaged loss is that process's."""
+    run = run_torchrun(SCRIPTS + "leave_out_exact.py", nproc=nproc, timeout=150,
+                       args=["syncbn"] if syncbn else [])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert sorted(results) == list(range(nproc))
+    last = nproc - 1
+    for rank, r in results.items():
+        assert r["diff"] < 1e-5, (rank, r["diff"])
+        np.testing.assert_allclose(r["loss"], r["reference_loss"], rtol=1e-5)
+        steps = [(s["epoch"], s["batch"]) for s in r["steps"]]
+        mine = {0: 8, last: 0}.get(rank, 4)
+        assert steps == [(0, 4)] * 5 + ([(1, mine)] if mine == 0 else [(1, mine)] * 5) \
+            + [(2, 4)] * 5, (rank, steps)
+        assert {s["weight"] for s in r["steps"] if s["batch"] == 0} <= {1.0}
+    windows = results[0]["windows"]
+    assert [w["may_leave_out"] for w in windows] == [True] * 3
+    assert windows[1]["left_out"] == [last]
+    assert windows[1]["batches"][last] == results[0]["probe_batch"]
+    said = [line for line in run.stdout.splitlines() if line.startswith("hvd_balance: rank")]
+    assert said[0] == (f"hvd_balance: rank {last} left out from epoch 1: without them 1.0 ms "
+                       f"predicted; they held {round(100 / nproc)} % of the samples"), said
+    assert said[1].startswith(f"hvd_balance: rank {last} taken back from epoch 2: "), said
+    assert "ran out of data" not in run.stdout
+
+
+def test_keras_on_torch_leaves_a_costly_rank_out_and_every_rank_ends_equal():
+    """Rank 1 sleeps 0.15 s a step in epochs 0 and 1: left out from epoch 1, that epoch runs
+    at rank 0's own speed; both ranks end with the same weights."""
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=150, args=["costly"])
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    assert results[0]["error"] is None and results[0]["plans"] == results[1]["plans"]
+    plans, epoch_s = results[0]["plans"], results[0]["epoch_s"]
+    assert plans[1] == [64, 0], plans  # each epoch's last plan: rank 1 out in epoch 1
+    assert results[0]["steps"][:2] == [24, 24] and results[1]["steps"][1] == 1
+    assert epoch_s[1] < epoch_s[0] / 3, epoch_s
+    assert results[0]["differs"] == results[1]["differs"] == 0.0
+    assert "hvd_balance: rank 1 left out from epoch 1: with them a step takes " in run.stdout

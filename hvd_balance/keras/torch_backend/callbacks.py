@@ -51,6 +51,30 @@ def _settle_stop(model) -> None:
         model.stop_training = True
 
 
+def _broadcast_variables(model, src: int) -> None:
+    """Every rank takes rank ``src``'s model variables (weights, moving statistics, seeds) and
+    optimizer variables (slots, iterations), in one broadcast per dtype."""
+    optimizer = getattr(model, "optimizer", None)
+    variables = list(model.variables)
+    if optimizer is not None and optimizer.built:
+        variables += list(optimizer.variables)
+    values = distributed.broadcast_tensors([v.value for v in variables], src=src)
+    for v, value in zip(variables, values):
+        v.assign(value)
+
+
+class _KerasBalancer(TorchLoadBalancer):
+    """The torch edge's balancer on a Keras model, whose gradient sum (the optimizer's) and
+    batch norm sums all run over the ranks that train: it leaves ranks out and gives a rank
+    taken back the model's and the optimizer's variables."""
+
+    def _regroups(self, model, optimizer) -> bool:
+        return self._caller_sums
+
+    def _share_state(self, src: int) -> None:
+        _broadcast_variables(self.model, src)
+
+
 def _check_optimizer(model, who: str) -> None:
     """On every rank, the same error unless the model trains with hvd.DistributedOptimizer
     itself (a LossScaleOptimizer around it would drop the loss weight and skip the sum on
@@ -96,12 +120,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = getattr(self.model, "optimizer", None)
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             _check_optimizer(self.model, "BroadcastGlobalVariablesCallback")
-        variables = list(self.model.variables)
-        if optimizer is not None and optimizer.built:
-            variables += list(optimizer.variables)
-        values = distributed.broadcast_tensors([v.value for v in variables], src=self.root_rank)
-        for v, value in zip(variables, values):
-            v.assign(value)
+        _broadcast_variables(self.model, self.root_rank)
         self.broadcast_done = True
 
 
@@ -132,9 +151,16 @@ class WeightedMetricAverage(keras.callbacks.Callback):
         self._epoch = epoch
         self._weights = 0.0  # the sum of the steps' weights b_i / B: proportional to n_i
 
+    def on_train_batch_begin(self, batch, logs=None):
+        balancer = _balancer_of(self.model)
+        if balancer is not None:  # the plan's share: 0 on a rank left out (its probe step)
+            plan = balancer.plan
+            self._weights += plan.batch_sizes[balancer.rank] / plan.global_batch_size
+
     def on_train_batch_end(self, batch, logs=None):
-        weight = gradient_weight_of(getattr(self.model, "optimizer", None))
-        self._weights += weight.get() if weight is not None else 1.0
+        if _balancer_of(self.model) is None:
+            weight = gradient_weight_of(getattr(self.model, "optimizer", None))
+            self._weights += weight.get() if weight is not None else 1.0
 
     def on_epoch_end(self, epoch, logs=None):
         _settle_stop(self.model)
@@ -175,6 +201,12 @@ class LoadBalancer(keras.callbacks.Callback):
         threshold: the controller's margin over the measured noise (fraction of the step).
         save_plan: optional YAML path rank 0 writes each plan to.
         verbose: 1 prints the plan table on rank 0 at each change.
+        controller: as :class:`hvd_balance.torch.LoadBalancer`'s (default: the core's).
+
+    At an epoch's end the controller may leave out a rank whose step costs more than it
+    brings (0 samples: one probe step of its own, no part in the others' sums) and take it
+    back when that is faster; a rank taken back gets the model's and the optimizer's
+    variables first (docs/controller.md).
 
     Attributes:
         plan, history, stopped: :class:`hvd_balance.torch.LoadBalancer`'s.
@@ -190,7 +222,7 @@ class LoadBalancer(keras.callbacks.Callback):
 
     def __init__(self, data: BalancedData, plan=None, *, rebalance: Union[str, int, None] = None,
                  threshold: float = DEFAULT_THRESHOLD, save_plan: Optional[str] = None,
-                 verbose: int = 1, **tensorflow_only):
+                 verbose: int = 1, controller=None, **tensorflow_only):
         super().__init__()
         if tensorflow_only:
             key = next(iter(tensorflow_only))
@@ -202,7 +234,7 @@ class LoadBalancer(keras.callbacks.Callback):
                             f"{type(data).__name__}")
         self.data, self.given_plan = data, plan
         self.options = {"rebalance": rebalance, "threshold": threshold, "save_plan": save_plan,
-                        "verbose": verbose}
+                        "verbose": verbose, "controller": controller}
         self.balancer: Optional[TorchLoadBalancer] = None
 
     @property
@@ -231,8 +263,9 @@ class LoadBalancer(keras.callbacks.Callback):
                                  "steps_per_epoch: an epoch is one pass of the BalancedData")
         distributed.all_ok(check, "hvd_balance.keras.LoadBalancer")
         self._first_epoch = self._epoch = None
-        self.balancer = TorchLoadBalancer(self.model, self.data.batch_sampler, plan=self.given_plan,
-                                          telemetry=telemetry_of(optimizer), **self.options)
+        self.balancer = _KerasBalancer(self.model, self.data.batch_sampler, plan=self.given_plan,
+                                       telemetry=telemetry_of(optimizer), optimizer=optimizer,
+                                       **self.options)
         optimizer.hvd_balance_load_balancer = self.balancer  # the metric average settles stops too
 
     def on_epoch_begin(self, epoch, logs=None):

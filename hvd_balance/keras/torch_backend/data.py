@@ -22,6 +22,10 @@ from ...torch.sampler import BalancedBatchSampler
 # BalancedData shuffles globally itself (same permutation on every rank), so it is noise.
 warnings.filterwarnings("ignore", message="`shuffle=True` was passed, but will be ignored since the "
                         "data `x` was provided as a torch DataLoader", category=UserWarning)
+# A rank left out for an epoch gets one probe batch and its pass ends (so does every pass a
+# mid-epoch stop ends): Keras's warning that the input ran out is expected there, not a fault.
+warnings.filterwarnings("ignore", message="Your input ran out of data; interrupting training",
+                        category=UserWarning)
 
 
 def _take(value, index: np.ndarray):

@@ -3,6 +3,9 @@
 Usage: torchrun --nproc-per-node N train.py MODE [ARG]
   slow K       rank N-1 sleeps (K-1) x its measured compute each step; 3 epochs, rebalance
                every 6 steps; emits the plans.
+  costly       rank N-1 sleeps 0.15 s a step in epochs 0 and 1 (a fixed cost many times rank
+               0's step), not in epoch 2; emits each epoch's seconds and how far the final
+               weights are from rank 0's.
   die          rank 1 SIGKILLs itself at step 5; the others go on training.
   bad_batch    ranks disagree on the global batch (64 on rank 0, 48 elsewhere).
   bad_steps    fit(steps_per_epoch=5), the data having 24.
@@ -41,6 +44,7 @@ B = 48 if (mode == "bad_batch" and rank > 0) else 64
 class Fault(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         steps.append(0)
+        self.start = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None):
         if mode == "die" and rank == 1 and batch == 5:
@@ -51,6 +55,8 @@ class Fault(keras.callbacks.Callback):
             t0 = time.perf_counter()
             model(x[:balancer.plan.batch_sizes[rank]], training=True)
             time.sleep((float(arg) - 1) * 3 * (time.perf_counter() - t0))
+        if mode == "costly" and rank == size - 1 and len(steps) <= 2:
+            time.sleep(0.15)
 
     def on_train_batch_end(self, batch, logs=None):
         steps[-1] += 1
@@ -58,26 +64,30 @@ class Fault(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
+        epoch_s.append(time.perf_counter() - self.start)
         plans.append(list(balancer.plan.batch_sizes))
         if mode in ("early", "late") and rank == int(arg):
             self.model.stop_training = True
 
 
-error, plans, steps = None, [], []
+error, plans, steps, epoch_s = None, [], [], []
 balancer = None
 try:
     data = hvd.BalancedData(x, y, global_batch_size=B, seed=0)
-    balancer = hvd.LoadBalancer(data, plan=arg if mode == "plan" else None, verbose=0,
+    balancer = hvd.LoadBalancer(data, plan=arg if mode == "plan" else None,
+                                verbose=int(mode == "costly"),
                                 rebalance=6 if mode == "slow" else None)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), Fault(), balancer]
     if mode == "nan":
         callbacks.insert(2, hvd.callbacks.MetricAverageCallback())
     if mode == "late":
         callbacks.append(callbacks.pop(1))
-    model.fit(data, epochs=3 if mode in ("slow", "early", "late") else 1, verbose=0,
+    model.fit(data, epochs=3 if mode in ("slow", "costly", "early", "late") else 1, verbose=0,
               steps_per_epoch=5 if mode == "bad_steps" else None, callbacks=callbacks)
 except (ValueError, TypeError, RuntimeError) as err:
     error = f"{type(err).__name__}: {err}"
-emit({"rank": rank, "error": error, "plans": plans, "steps": steps,
-      "stopped": None if balancer is None else balancer.stopped})
+weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
+emit({"rank": rank, "error": error, "plans": plans, "steps": steps, "epoch_s": epoch_s,
+      "stopped": None if balancer is None else balancer.stopped,
+      "differs": float(np.abs(weights - hvd.broadcast(weights, 0)).max())})
 finish()
