@@ -63,6 +63,11 @@ def training_group():
     return None if _training is None else _groups[_training]
 
 
+def training_ranks() -> Tuple[int, ...]:
+    """The ranks whose steps run now (every rank unless a plan leaves some out)."""
+    return tuple(range(world_size())) if _training is None else _training
+
+
 def trains() -> bool:
     """Whether this rank's steps take part in the collectives (it is not left out)."""
     return _training is None or rank() in _training
@@ -105,18 +110,19 @@ def watch_buffer_broadcasts(model: torch.nn.Module) -> bool:
     def watched(tensors, buffer_size, authoritative_rank=0):
         if not trains():
             return None  # a rank left out takes no part in the step's broadcast
-        if _training is not None:  # among the ranks that train, from the first of them
-            return dist._broadcast_coalesced(  # DDP's own call (private), on their group
-                training_group(), tensors, buffer_size, 0)
+        group = training_group()
+
+        def run(values):
+            if group is not None:  # among the ranks that train, from the first of them
+                return dist._broadcast_coalesced(group, values, buffer_size, 0)  # DDP's own call
+            return broadcast(owner(), values, buffer_size, authoritative_rank)
 
         def replay():
-            ddp = owner()
-            if ddp is not None:
+            if owner() is not None:
                 with torch.no_grad():
-                    broadcast(ddp, [t.detach().clone() for t in tensors], buffer_size,
-                              authoritative_rank)
+                    run([t.detach().clone() for t in tensors])
         entering(tensors[0] if tensors else torch.empty(0), replay)
-        return broadcast(owner(), tensors, buffer_size, authoritative_rank)
+        return run(tensors)
 
     watched.hvd_balance_watched = True
     setattr(model, _DDP_BROADCAST, watched)  # this model only: an instance attribute

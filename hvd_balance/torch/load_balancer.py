@@ -411,6 +411,11 @@ class LoadBalancer:
             raise RuntimeError(f"rank {self.rank}: the LoadBalancer's gather after step "
                                f"{finished} of epoch {self.sampler.epoch} failed (another rank "
                                f"died or stopped?): {err}") from err
+        stopped = [g["stopped"] for g in gathered if "stopped" in g]
+        if stopped and self._guard is not None:  # the others left mid-epoch (stop.py's release)
+            self._guard.release(stopped[0])
+            self.telemetry.pause()
+            return
         first = not self._first_window_done
         self._first_window_done = True
         # A plan applies at the next step no rank has handed out yet (workers load ahead).

@@ -19,7 +19,9 @@ itself:
   (from the same root, with this rank's buffers), then the sums with zeros (the DDP hook's
   buckets, :func:`~hvd_balance.torch.distributed.all_reduce_sum`'s): the others finish that
   step without its gradient, their loop ends, and the groups stay in step (a later
-  collective, a barrier, matches);
+  collective, a barrier, matches); while a plan leaves ranks out, the step's collectives
+  are the training ranks' (on their group), and every rank then joins one gather, which
+  a rank left out meets in its epoch's window (:meth:`StopGuard.release`);
 - every rank prints ``hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its
   24 steps (loss is nan); every rank stops there ...`` once every other rank is out.
 
@@ -83,6 +85,7 @@ class StopGuard:
         self.mine: Optional[Dict] = None                 # this rank's posted state
         self.peers: Dict[int, Dict] = {}                 # rank -> its latest state
         self.first: Optional[Dict] = None                # the first "left" note seen (any rank)
+        self.released = False  # ranks left out were let out of their epoch's window (below)
         self.reported = False
         self.board.listen(self._on_note)
         distributed.watch_collectives(self.entering)
@@ -170,9 +173,12 @@ class StopGuard:
         skipped = []
         next_step, offset = step, done_entries
         deadline = time.monotonic() + ANSWER_WAIT_S
+        # Only the ranks that train run a step's collectives: a rank left out waits for none.
+        training = [r for r in distributed.training_ranks() if r != self.rank] \
+            if distributed.trains() else []
         with self._cond:
             while True:
-                others = [self.peers.get(r) for r in range(self.world_size) if r != self.rank]
+                others = [self.peers.get(r) for r in training]
                 waiting = any(p is not None and next_step in p.get("in", []) for p in others)
                 if not waiting and all(p is not None and p.get("bound") is not None
                                        and p["bound"] <= next_step for p in others):
@@ -188,10 +194,24 @@ class StopGuard:
                     continue
                 if not self._cond.wait(max(deadline - time.monotonic(), 0.0)) \
                         and time.monotonic() >= deadline:
-                    skipped = [r for r, p in zip([r for r in range(self.world_size) if r != self.rank],
-                                                 others) if p is None or p.get("bound") is None]
+                    skipped = [r for r, p in zip(training, others)
+                               if p is None or p.get("bound") is None]
                     break
+        self.release()
         self._report(own_steps, skipped)
+
+    def release(self, note: Optional[Dict] = None) -> None:
+        """Ranks left out wait at their epoch's end in the window's gather, which the ranks
+        that stopped would never reach: every rank joins one gather instead (a rank left out
+        meets it in that window and calls this with the note the others carry)."""
+        if self.released:
+            return
+        self.released = True
+        if note is not None:
+            self._on_note(note)  # the note itself may still be on its way
+            return
+        if distributed.training_ranks() != tuple(range(self.world_size)):
+            distributed.allgather_object({"stopped": self.first})
 
     def _shadow(self, entries) -> None:
         for entry in entries:
@@ -200,7 +220,7 @@ class StopGuard:
                 continue
             numel, dtype, device = entry
             zeros = torch.zeros(numel, dtype=dtype, device=device)
-            dist.all_reduce(zeros, op=dist.ReduceOp.SUM)
+            dist.all_reduce(zeros, op=dist.ReduceOp.SUM, group=distributed.training_group())
 
     def _report(self, steps_done: int, skipped: List[int]) -> None:
         if self.reported:

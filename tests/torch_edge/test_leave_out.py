@@ -67,3 +67,22 @@ def test_a_given_plan_that_leaves_a_rank_out_is_refused_naming_it(tmp_path):
     for rank in (0, 1):
         assert "the plan leaves rank(s) [1] out: launch the job without them, or start with " \
             "every rank" in results[rank]["error"], results[rank]
+
+
+@pytest.mark.parametrize("leaver, syncbn", [(0, False), (1, True), (2, False)])
+def test_a_rank_leaving_mid_epoch_while_one_is_out_stops_every_rank_at_once(leaver, syncbn):
+    """Rank 2 is out in epoch 1; rank ``leaver`` stops there (2: in its probe step). The ranks
+    that train finish the step they are in over their own group, the rank out is let out of
+    its epoch's window, and every rank names the same leave within seconds (no group timeout)."""
+    run = run_torchrun(SCRIPTS + "leave_out_stop.py", nproc=3, timeout=60,
+                       args=[str(leaver)] + (["syncbn"] if syncbn else []))
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert sorted(results) == [0, 1, 2]
+    first = {"rank": leaver, "epoch": 1, "step": 5 if leaver == 2 else 3, "steps": 5,
+             "why": "loss is nan"}
+    for rank, r in results.items():
+        assert r["stopped"] == first, (rank, r)
+        assert r["seconds"] < 20, (rank, r["seconds"])
+        assert r["steps"][0] == 5 and (rank != 2 or r["steps"][1] == 1)  # its probe step
+    assert run.stdout.count(f"hvd_balance: rank {leaver} left its training loop in epoch 1") == 3
