@@ -119,6 +119,9 @@ class LoadBalancer:
             parameters, buffers and optimizer state first. Without it, with DDP's
             ``find_unused_parameters`` or ``static_graph``, or with ``torch.nn.SyncBatchNorm``,
             rank 0 only says which ranks the job would be faster without.
+        stateful: more objects with ``state_dict()`` and ``load_state_dict()`` whose state a
+            rank taken back takes from the others with the optimizer's: an LR scheduler that
+            steps every batch (a rank out steps it once an epoch), a ``GradScaler``.
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
@@ -159,8 +162,9 @@ class LoadBalancer:
                  rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, controller=None,
                  telemetry: Optional[StepTelemetry] = None, max_batch_size=None,
-                 probe_input=None, guard: bool = True, optimizer=None):
+                 probe_input=None, guard: bool = True, optimizer=None, stateful=()):
         self.model, self.sampler, self.optimizer = model, sampler, optimizer
+        self.stateful = list(stateful)
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
         self.history: List[Dict[str, Any]] = []
@@ -185,6 +189,11 @@ class LoadBalancer:
             if sampler.world_size != self.world_size or sampler.rank != self.rank:
                 raise ValueError(f"the sampler is for rank {sampler.rank} of {sampler.world_size}, "
                                  f"this process is rank {self.rank} of {self.world_size}")
+            lacking = [type(s).__name__ for s in self.stateful
+                       if not (hasattr(s, "state_dict") and hasattr(s, "load_state_dict"))]
+            if lacking:
+                raise TypeError(f"stateful= takes objects with state_dict() and "
+                                f"load_state_dict(); got {', '.join(lacking)}")
             ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
             if self.world_size > 1 and not ddp and not self._caller_sums:
                 raise TypeError("with several ranks the model must be wrapped in "
@@ -493,16 +502,19 @@ class LoadBalancer:
                 and not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
 
     def _share_state(self, src: int) -> None:
-        """Every rank takes rank ``src``'s parameters, buffers and optimizer state."""
+        """Every rank takes rank ``src``'s parameters, buffers, optimizer state and
+        ``stateful``'s."""
         module = self.model.module
         tensors = list(module.parameters()) + list(module.buffers())
         with torch.no_grad():
             for t, value in zip(tensors, distributed.broadcast_tensors(tensors, src)):
                 t.copy_(value)
-        state = distributed.broadcast_object(
-            _on_cpu(self.optimizer.state_dict()) if self.rank == src else None, src)
+        holders = [self.optimizer] + self.stateful
+        states = distributed.broadcast_object(
+            [_on_cpu(h.state_dict()) for h in holders] if self.rank == src else None, src)
         if self.rank != src:
-            self.optimizer.load_state_dict(state)
+            for holder, state in zip(holders, states):
+                holder.load_state_dict(state)
 
     def _tell(self, advice) -> Optional[List[int]]:
         """The ranks the job would be faster without; rank 0 says so (and writes the plan for

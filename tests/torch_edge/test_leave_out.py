@@ -86,3 +86,16 @@ def test_a_rank_leaving_mid_epoch_while_one_is_out_stops_every_rank_at_once(leav
         assert r["seconds"] < 20, (rank, r["seconds"])
         assert r["steps"][0] == 5 and (rank != 2 or r["steps"][1] == 1)  # its probe step
     assert run.stdout.count(f"hvd_balance: rank {leaver} left its training loop in epoch 1") == 3
+
+
+def test_stateful_objects_without_a_state_dict_are_refused_naming_their_type():
+    import torch
+
+    import hvd_balance.torch as hb
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="stateful= takes objects with state_dict\\(\\) and "
+                                        "load_state_dict\\(\\); got function"):
+        hb.LoadBalancer(model, hb.BalancedBatchSampler(8, 4), optimizer=opt,
+                        stateful=[torch.optim.lr_scheduler.LambdaLR(opt, abs), lambda: 0])

@@ -1,8 +1,8 @@
 """A rank left out for an epoch and taken back, against one process on the global batch.
 
 Usage: torchrun --nproc-per-node N leave_out_exact.py [syncbn]
-Float64, 3 epochs of 5 steps, B = 4 N, SGD with momentum (so the optimizer state a rank
-taken back receives matters). A scripted controller leaves the last rank out at the end of
+Float64, 3 epochs of 5 steps, B = 4 N, SGD with momentum and an LR scheduler stepped every
+batch (so the optimizer's and the scheduler's state a rank taken back receives matter). A scripted controller leaves the last rank out at the end of
 epoch 0 and takes it back at the end of epoch 1 (the LoadBalancer with ``optimizer=``);
 every rank records each step's local batch (its sample indices) and, at the end, the
 largest relative difference of its weights from a copy of the initial model trained in the
@@ -27,6 +27,13 @@ B = 4 * size
 x, y, reference, model = exactness_job(STEPS * B + 3, syncbn)
 dataset = TensorDataset(x, y, torch.arange(len(x)))
 opt = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+
+
+def decay(step):  # a closed form of the step count: wrong on a rank that missed the steps
+    return 1.0 / (1.0 + 0.1 * step)
+
+
+schedule = torch.optim.lr_scheduler.LambdaLR(opt, decay)
 loss_fn = nn.CrossEntropyLoss()
 windows = []
 
@@ -46,7 +53,7 @@ class Scripted:
 
 sampler = hb.BalancedBatchSampler(dataset, global_batch_size=B, seed=3)
 balancer = hb.LoadBalancer(model, sampler, optimizer=opt, controller=Scripted(),
-                           rebalance="epoch")
+                           rebalance="epoch", stateful=[schedule])
 loader = DataLoader(dataset, batch_sampler=sampler)
 steps = []
 for epoch in range(EPOCHS):
@@ -57,9 +64,11 @@ for epoch in range(EPOCHS):
         opt.zero_grad()
         balancer.scale(loss_fn(model(xb), yb)).backward()
         opt.step()
+        schedule.step()
         balancer.step()
 
 ref_opt = torch.optim.SGD(reference.parameters(), lr=0.3, momentum=0.9)
+ref_schedule = torch.optim.lr_scheduler.LambdaLR(ref_opt, decay)
 for epoch in range(EPOCHS):
     order = sampler.order(epoch)
     for step in range(STEPS):
@@ -67,6 +76,7 @@ for epoch in range(EPOCHS):
         ref_opt.zero_grad()
         loss_fn(reference(x[index]), y[index]).backward()
         ref_opt.step()
+        ref_schedule.step()
 pairs = zip(model.module.state_dict().values(), reference.state_dict().values())
 relative = max(float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-12))
                for a, b in pairs)
