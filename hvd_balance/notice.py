@@ -26,12 +26,19 @@ RESEND_FOR_S = 120.0
 
 _COUNT = integer(0, 2 ** 31)  # an epoch, a step or a number of them
 _LEFT = {"epoch": _COUNT, "step": _COUNT, "steps": _COUNT, "why": text()}
+
+
+def _position(value: Any) -> bool:
+    """An (epoch, step) pair, as a list."""
+    return isinstance(value, list) and len(value) == 2 and all(map(_COUNT, value))
+
+
 # Every field a note carries: the TensorFlow edge's (fit, epoch, batch, steps, why) and the torch
-# edge's (gen, left, bound, in, epoch); a field outside these makes the note invalid.
+# edge's (gen, left, bound, in: positions); a field outside these makes the note invalid.
 _NOTE = {"rank": _COUNT, "fit": integer(1, 2 ** 31), "gen": integer(1, 2 ** 31), "epoch": _COUNT,
          "batch": optional(integer(-1, 2 ** 31)), "steps": _COUNT, "why": text(),
-         "left": lambda v: matches(v, _LEFT, _LEFT), "bound": optional(_COUNT),
-         "in": lambda v: isinstance(v, list) and len(v) <= 1024 and all(map(_COUNT, v))}
+         "left": lambda v: matches(v, _LEFT, _LEFT), "bound": optional(_position),
+         "in": lambda v: isinstance(v, list) and len(v) <= 1024 and all(map(_position, v))}
 
 
 def check_note(note: Any, sender: int) -> bool:

@@ -22,7 +22,8 @@ def weighted_average(logs: Dict[str, float], train_samples: float, val_samples: 
     n = np.array([val_samples if k.startswith("val_") else train_samples for k in keys],
                  dtype=np.float64)
     v = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-    total = np.asarray(reduce_sum(np.concatenate([v * n, n])), dtype=np.float64)
+    weighted = np.where(n > 0, v, 0.0) * n  # no samples, nothing added: not even a NaN
+    total = np.asarray(reduce_sum(np.concatenate([weighted, n])), dtype=np.float64)
     out = dict(logs)
     sums, counts = total[: len(keys)], total[len(keys):]
     for k, s, c in zip(keys, sums, counts):

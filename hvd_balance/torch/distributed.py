@@ -110,9 +110,8 @@ def watch_buffer_broadcasts(model: torch.nn.Module) -> bool:
     def watched(tensors, buffer_size, authoritative_rank=0):
         if not trains():
             return None  # a rank left out takes no part in the step's broadcast
-        group = training_group()
-
-        def run(values):
+        def run(values):  # on the group of the step it runs in (a replay: the others' step)
+            group = training_group()
             if group is not None:  # among the ranks that train, from the first of them
                 return dist._broadcast_coalesced(group, values, buffer_size, 0)  # DDP's own call
             return broadcast(owner(), values, buffer_size, authoritative_rank)

@@ -207,7 +207,7 @@ class LoadBalancer:
 
         self._hooked = (isinstance(model, torch.nn.parallel.DistributedDataParallel)
                         and not self._caller_sums)
-        self._can_leave_out = self.world_size > 1 and self._regroups(model, optimizer)
+        self._can_leave_out = self.world_size > 1 and self._can_regroup(model, optimizer)
         self._steps_run = 0  # DDP rebuilds its buckets on the default group at its 2nd step
         if self._hooked:
             model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
@@ -343,9 +343,14 @@ class LoadBalancer:
     @property
     def stopped(self) -> Optional[Dict[str, Any]]:
         """``None``, or once a rank left its loop mid-epoch: ``{"rank", "epoch", "step",
-        "steps", "why"}`` of the first rank that left (``step``: steps it completed)."""
+        "steps", "why"}`` of the first rank that left (``step``: steps it completed). Read
+        after a pass, it also says this rank is out (it may wait for the others' answers)."""
         first = self._guard.first if self._guard is not None else None
-        return None if first is None else {"rank": first["rank"], **first["left"]}
+        if first is None:
+            return None
+        if self._current_step() >= self.sampler.steps:
+            self._guard.halted(self.sampler.laid_out)  # a loop that breaks on it says so first
+        return {"rank": first["rank"], **first["left"]}
 
     def step(self) -> None:
         """Call once a step, after ``optimizer.step()``: closes the step's timing and, at a
@@ -379,6 +384,8 @@ class LoadBalancer:
         self._since_window += 1
         self._steps_run += 1
         if self._guard is not None and self._guard.step_done():
+            if self._step >= self.sampler.steps:  # no batch left to refuse: out now
+                self._guard.halted(self.sampler.laid_out)
             return  # a rank left its loop: no window (its gather would wait for it)
         if self._pending_apply is not None and self._step == self._pending_apply:
             self.telemetry.reset()  # the window starts with the new plan's first step
@@ -422,7 +429,7 @@ class LoadBalancer:
                                f"died or stopped?): {err}") from err
         stopped = [g["stopped"] for g in gathered if "stopped" in g]
         if stopped and self._guard is not None:  # the others left mid-epoch (stop.py's release)
-            self._guard.release(stopped[0])
+            self._guard.released_by(stopped[0])
             self.telemetry.pause()
             return
         first = not self._first_window_done
@@ -491,7 +498,7 @@ class LoadBalancer:
         self._share_state(next(i for i, b in enumerate(before.batch_sizes) if b))
 
     # -- what leaving ranks out needs of the model (the Keras edge's differs) --------------------
-    def _regroups(self, model: torch.nn.Module, optimizer) -> bool:
+    def _can_regroup(self, model: torch.nn.Module, optimizer) -> bool:
         """Whether the step's collectives can run among some ranks only: the hook's sums, with
         the state to give back (the DDP module's and the optimizer's), and no collective of
         DDP's own outside the hook: not with unused parameters searched or a static graph (an

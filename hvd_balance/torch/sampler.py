@@ -188,7 +188,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             # Left out for this epoch: one step of its own, timed, then the epoch's end.
             self.laid_out = self.steps
             self.probe_started = time.perf_counter()
-            yield order[:self.probe_batch].tolist()
+            try:
+                yield order[:self.probe_batch].tolist()
+            except GeneratorExit:  # the loop let go before its step(): it left (no workers)
+                if self.probe_started is not None and self.stop_guard is not None:
+                    self.stop_guard.left_probe()
+                raise
             return
         try:
             for step in range(self.steps):

@@ -110,35 +110,52 @@ class StopGuard:
         return self.first is not None
 
     # -- a rank that leaves ----------------------------------------------------------------
+    def _where(self) -> Tuple[int, int]:
+        """``position()`` as :meth:`_at` counts it."""
+        return self._at(*self.position())
+
+    def _at(self, epoch: int, step: int) -> Tuple[int, int]:
+        """``(epoch, step)``, where the end of a pass is the next epoch's first step (the
+        others may be in it already): positions of ranks in different epochs compare."""
+        return (epoch + 1, 0) if step >= self.sampler.steps else (epoch, step)
+
     def stop(self, why: str) -> None:
         """This rank leaves its loop now: tell the others and finish their step."""
         if self.mine is not None and self.mine.get("left"):
             return
-        epoch, step = self.position()
+        epoch, step = self._where()
         partial = self._entered == (epoch, step) and bool(self._entries)
         self._post({"left": {"epoch": epoch, "step": step, "steps": self.sampler.steps, "why": why},
-                    "bound": step + 1 if partial else step})
+                    "bound": self._at(epoch, step + 1 if partial else step)})
         self.sampler.halt()
         self._serve(epoch, step, len(self._entries) if partial else 0, step)
 
-    def closed(self, laid_out: int) -> None:
+    def closed(self, laid_out: int, probe: bool = False) -> None:
         """The sampler's iterator was closed (the loop left) after ``laid_out`` batches."""
         epoch, step = self.position()
-        # A pass with no step taken (``next(iter(loader))`` for a look at a batch) is no leave.
-        if self.mine is None and step < self.sampler.steps and (step > 0 or self._entered):
+        # A pass with no step taken (``next(iter(loader))`` for a look at a batch) is no leave,
+        # but a probe's (its step has no collective to show for it).
+        if self.mine is None and step < self.sampler.steps and (step > 0 or self._entered or probe):
             try:
                 self.stop("no reason given: a break out of the loop")
             except Exception as err:  # noqa: BLE001 - raised in a generator's close, it would be lost
                 print(f"hvd_balance: rank {self.rank} left its training loop; telling the others "
                       f"failed: {err}", file=sys.stderr, flush=True)
 
+    def left_probe(self) -> None:
+        """A rank left out let go of its probe pass before its ``step()``: it left its loop,
+        and the others would wait for it in their epoch's window."""
+        if self.mine is None:
+            self.closed(0, probe=True)
+
     def halted(self, laid_out: int) -> None:
-        """This rank's sampler refused a batch since another rank left: this rank is out."""
+        """This rank is out since another rank left: its sampler refused a batch, or its pass
+        is over (``laid_out``: the steps it handed out)."""
         if self.mine is not None and (self.mine.get("left") or self.mine.get("bound") is not None):
             return
-        epoch, step = self.position()
-        self._post({"bound": laid_out})
-        self._serve(epoch, step, 0, step)
+        now = self.position()
+        self._post({"bound": self._at(now[0], laid_out)})
+        self._serve(*self._at(*now), 0, now[1])
 
     # -- the board's thread ----------------------------------------------------------------
     def _on_note(self, note: Dict) -> None:
@@ -158,8 +175,8 @@ class StopGuard:
     def _post_in(self, where: Tuple[int, int]) -> None:
         """This rank waits in the collectives of step ``where``: the ranks that are out run them."""
         state = dict(self.mine or {})
-        steps = set(state.get("in", [])) | {where[1]}
-        self._post({**state, "in": sorted(steps), "epoch": where[0]})
+        steps = {tuple(s) for s in state.get("in", [])} | {tuple(where)}
+        self._post({**state, "in": sorted(steps)})
 
     def _post(self, state: Dict) -> None:
         with self._cond:
@@ -171,17 +188,18 @@ class StopGuard:
     def _serve(self, epoch: int, step: int, done_entries: int, own_steps: int) -> None:
         """Run with zeros every step another rank waits in, until every rank is out."""
         skipped = []
-        next_step, offset = step, done_entries
+        next_at, offset = self._at(epoch, step), done_entries
         deadline = time.monotonic() + ANSWER_WAIT_S
         # Only the ranks that train run a step's collectives: a rank left out waits for none.
-        training = [r for r in distributed.training_ranks() if r != self.rank] \
+        training_peers = [r for r in distributed.training_ranks() if r != self.rank] \
             if distributed.trains() else []
         with self._cond:
             while True:
-                others = [self.peers.get(r) for r in training]
-                waiting = any(p is not None and next_step in p.get("in", []) for p in others)
+                others = [self.peers.get(r) for r in training_peers]
+                waiting = any(p is not None and list(next_at) in [list(s) for s in p.get("in", [])]
+                              for p in others)
                 if not waiting and all(p is not None and p.get("bound") is not None
-                                       and p["bound"] <= next_step for p in others):
+                                       and tuple(p["bound"]) <= next_at for p in others):
                     break
                 if waiting:
                     self._cond.release()
@@ -189,29 +207,35 @@ class StopGuard:
                         self._shadow(self._layout[offset:])
                     finally:
                         self._cond.acquire()
-                    next_step, offset = next_step + 1, 0
+                    next_at, offset = self._at(next_at[0], next_at[1] + 1), 0
                     deadline = time.monotonic() + ANSWER_WAIT_S
                     continue
                 if not self._cond.wait(max(deadline - time.monotonic(), 0.0)) \
                         and time.monotonic() >= deadline:
-                    skipped = [r for r, p in zip(training, others)
+                    skipped = [r for r, p in zip(training_peers, others)
                                if p is None or p.get("bound") is None]
                     break
-        self.release()
+        self._join_release()
         self._report(own_steps, skipped)
 
-    def release(self, note: Optional[Dict] = None) -> None:
+    # -- ranks left out: one gather in place of their epoch's window -----------------------
+    def _join_release(self) -> None:
         """Ranks left out wait at their epoch's end in the window's gather, which the ranks
-        that stopped would never reach: every rank joins one gather instead (a rank left out
-        meets it in that window and calls this with the note the others carry)."""
+        that stopped never reach: while a plan leaves ranks out, every rank that is out of
+        its loop joins one gather instead, carrying the first leave's note; a rank in that
+        window meets it there (:meth:`released_by`)."""
         if self.released:
             return
         self.released = True
-        if note is not None:
-            self._on_note(note)  # the note itself may still be on its way
-            return
         if distributed.training_ranks() != tuple(range(self.world_size)):
             distributed.allgather_object({"stopped": self.first})
+
+    def released_by(self, note: Dict) -> None:
+        """This rank's window gather met the others' release: they stopped at ``note``'s leave
+        (which may still be on its way here), and this rank is out too."""
+        self.released = True
+        self._on_note(note)
+        self.halted(self.sampler.laid_out)  # its pass is over: said at once, and printed
 
     def _shadow(self, entries) -> None:
         for entry in entries:

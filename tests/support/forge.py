@@ -40,8 +40,8 @@ def _bodies(size: int) -> List[Dict]:
             why = f"FORGED by a stranger\n\x1b[31m rank {rank}"
             out += [{"rank": rank, "fit": gen, "epoch": 0, "batch": 3, "steps": 20, "why": why},
                     {"rank": rank, "gen": gen, "left": {"epoch": 0, "step": 3, "steps": 40,
-                                                        "why": why}, "bound": 3},
-                    {"rank": rank, "gen": gen, "bound": None, "in": [1, 2, 3], "epoch": 0}]
+                                                        "why": why}, "bound": [0, 3]},
+                    {"rank": rank, "gen": gen, "bound": None, "in": [[0, 1], [0, 2]]}]
         out.append({"rank": rank, "host": "FORGED", "pid": 1, "state": "failed",
                     "error": "FORGED failure", "beat": 10 ** 9, "time": now, "job": "0" * 32})
     return out

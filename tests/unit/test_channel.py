@@ -86,8 +86,10 @@ def test_garbage_and_forgeries_are_dropped(data):
     {**NOTE, "extra": 1},
     {"fit": 1},
     {"rank": 1, "gen": 1, "left": {"epoch": 0, "step": 3, "steps": 40}},   # no reason
-    {"rank": 1, "gen": 1, "in": [3, "4"]},
-    {"rank": 1, "gen": 1, "in": list(range(2000))},
+    {"rank": 1, "gen": 1, "in": [[0, 3], [0, "4"]]},
+    {"rank": 1, "gen": 1, "in": [3, 4]},
+    {"rank": 1, "gen": 1, "bound": 4},
+    {"rank": 1, "gen": 1, "in": [[0, i] for i in range(2000)]},
     {"rank": 1, "gen": 0},
     [1, 2],
 ])
@@ -99,8 +101,8 @@ def test_both_edges_notes_pass_the_schema():
     assert notice.check_note(NOTE, 1)
     assert notice.check_note({**NOTE, "batch": -1}, 1)  # stopped before its first batch
     torch_notes = [{"rank": 1, "gen": 2, "left": {"epoch": 0, "step": 3, "steps": 40, "why": "x"},
-                    "bound": 4},
-                   {"rank": 1, "gen": 2, "bound": None, "in": [3, 4], "epoch": 0}]
+                    "bound": [0, 4]},
+                   {"rank": 1, "gen": 2, "bound": None, "in": [[0, 3], [0, 4]]}]
     assert all(notice.check_note(n, 1) for n in torch_notes)
 
 

@@ -68,7 +68,7 @@ class _KerasBalancer(TorchLoadBalancer):
     batch norm sums all run over the ranks that train: it leaves ranks out and gives a rank
     taken back the model's and the optimizer's variables."""
 
-    def _regroups(self, model, optimizer) -> bool:
+    def _can_regroup(self, model, optimizer) -> bool:
         return self._caller_sums
 
     def _share_state(self, src: int) -> None:
