@@ -36,6 +36,13 @@ def test_both_parts_run_on_cpu_and_write_their_tables(tmp_path):
     for key in ("equal", "paper", "load_balancer", "equal_local_bn", "paper_local_bn",
                 "load_balancer_local_bn"):
         assert "error" not in gpu[key] and gpu[key]["epoch_s"], (key, gpu[key])
+        assert sum(gpu[key]["final_plan"]) == gpu["config"]["global_batch"]
+        assert gpu[key]["left_out"] == [i for i, b in enumerate(gpu[key]["final_plan"]) if b == 0]
+    lb = gpu["load_balancer"]
+    assert lb["steady_s"] == sum(lb["epoch_s"][2:] or lb["epoch_s"][-1:]) / len(
+        lb["epoch_s"][2:] or lb["epoch_s"][-1:])
+    table = (out / "device_check.md").read_text()
+    assert "| vs GPU alone | plan (local batches) | left out |" in table
 
 
 def test_a_bad_part_is_refused_by_name():
