@@ -260,9 +260,11 @@ class LoadBalancer:
         self._save(start)
         self._report(start, "start")
         # Every step runs a gradient sum the guard can replay: the hook's, or the caller's.
-        self._guard = (stop_guard.StopGuard(sampler, lambda: (sampler.epoch, self._current_step()))
+        self._guard = (stop_guard.StopGuard(sampler, self._position)
                        if guard and (self._hooked or self._caller_sums) and self.world_size > 1
                        else None)
+        if self._guard is not None and self._hooked:  # a probe step's forward: it began
+            model.register_forward_pre_hook(lambda *_: sampler.probe_began())
 
     def _make_controller(self):
         return Controller(threshold=self._threshold)
@@ -305,6 +307,13 @@ class LoadBalancer:
             return 0  # a new pass has begun since the last step()
         return self._step
 
+    def _position(self):
+        """``(epoch, step)`` of the step running or about to run (the mid-epoch stop's)."""
+        step = self._current_step()
+        if step >= self.sampler.steps and self.sampler.laid_out == 0:
+            step = 0  # set_epoch moved on, its pass not begun
+        return self.sampler.epoch, step
+
     @property
     def weight(self) -> float:
         """This rank's loss weight at the current step, ``b_i / B`` (1 for a probe step of
@@ -345,12 +354,11 @@ class LoadBalancer:
         """``None``, or once a rank left its loop mid-epoch: ``{"rank", "epoch", "step",
         "steps", "why"}`` of the first rank that left (``step``: steps it completed). Read
         after a pass, it also says this rank is out (it may wait for the others' answers)."""
-        first = self._guard.first if self._guard is not None else None
-        if first is None:
+        if self._guard is None or self._guard.first is None:
             return None
         if self._current_step() >= self.sampler.steps:
             self._guard.halted(self.sampler.laid_out)  # a loop that breaks on it says so first
-        return {"rank": first["rank"], **first["left"]}
+        return self._guard.first_leave()
 
     def step(self) -> None:
         """Call once a step, after ``optimizer.step()``: closes the step's timing and, at a
@@ -384,7 +392,7 @@ class LoadBalancer:
         self._since_window += 1
         self._steps_run += 1
         if self._guard is not None and self._guard.step_done():
-            if self._step >= self.sampler.steps:  # no batch left to refuse: out now
+            if self._step >= self.sampler.laid_out:  # every batch handed out has run: out now
                 self._guard.halted(self.sampler.laid_out)
             return  # a rank left its loop: no window (its gather would wait for it)
         if self._pending_apply is not None and self._step == self._pending_apply:

@@ -87,6 +87,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         # samples, then ends; ``probe_started`` is when (``time.perf_counter``), else None.
         self.probe_batch = min(max(2, int(global_batch_size) // self.world_size), n)  # 2: batch norm
         self.probe_started: Optional[float] = None
+        self._probe_began = False  # the probe step's forward ran (probe_began)
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -174,6 +175,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         start = step * plan.global_batch_size + sum(plan.batch_sizes[:rank])
         return self.order(epoch)[start:start + plan.batch_sizes[rank]].tolist()
 
+    def probe_began(self) -> None:
+        """The model's forward ran in this pass's probe step (a look at the batch alone is no
+        step: dropping the pass then is no leave)."""
+        if self.probe_started is not None:
+            self._probe_began = True
+
     def halt(self) -> None:
         """Hand out no more batches, in this pass or later ones (a rank stopped training)."""
         self.halted = True
@@ -188,10 +195,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             # Left out for this epoch: one step of its own, timed, then the epoch's end.
             self.laid_out = self.steps
             self.probe_started = time.perf_counter()
+            self._probe_began = False
             try:
                 yield order[:self.probe_batch].tolist()
-            except GeneratorExit:  # the loop let go before its step(): it left (no workers)
-                if self.probe_started is not None and self.stop_guard is not None:
+            except GeneratorExit:  # the loop let go in its step, before step(): it left
+                if self.probe_started is not None and self._probe_began \
+                        and self.stop_guard is not None:
                     self.stop_guard.left_probe()
                 raise
             return

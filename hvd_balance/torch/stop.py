@@ -154,6 +154,8 @@ class StopGuard:
         if self.mine is not None and (self.mine.get("left") or self.mine.get("bound") is not None):
             return
         now = self.position()
+        if now[1] < laid_out:
+            return  # loader workers fetched ahead: the last of those batches' step() says it
         self._post({"bound": self._at(now[0], laid_out)})
         self._serve(*self._at(*now), 0, now[1])
 
@@ -198,8 +200,9 @@ class StopGuard:
                 others = [self.peers.get(r) for r in training_peers]
                 waiting = any(p is not None and list(next_at) in [list(s) for s in p.get("in", [])]
                               for p in others)
+                done = max(next_at, tuple(self.mine["bound"]))  # it did the steps before
                 if not waiting and all(p is not None and p.get("bound") is not None
-                                       and tuple(p["bound"]) <= next_at for p in others):
+                                       and tuple(p["bound"]) <= done for p in others):
                     break
                 if waiting:
                     self._cond.release()
@@ -246,17 +249,28 @@ class StopGuard:
             zeros = torch.zeros(numel, dtype=dtype, device=device)
             dist.all_reduce(zeros, op=dist.ReduceOp.SUM, group=distributed.training_group())
 
+    def first_leave(self) -> Optional[Dict]:
+        """The first leave this rank knows of (the earliest, then the lowest rank), as every
+        rank prints it: ``{"rank", "epoch", "step", "steps", "why"}``; ``None`` before any."""
+        with self._cond:
+            left = [p for p in list(self.peers.values()) + [self.mine] if p and p.get("left")]
+            if not left:
+                return None if self.first is None else {"rank": self.first["rank"],
+                                                        **self.first["left"]}
+            first = min(left, key=lambda p: (p["left"]["epoch"], p["left"]["step"], p["rank"]))
+        return {"rank": first["rank"], **first["left"]}
+
     def _report(self, steps_done: int, skipped: List[int]) -> None:
         if self.reported:
             return
         self.reported = True
-        left = [p for p in list(self.peers.values()) + [self.mine] if p and p.get("left")]
-        first = min(left, key=lambda p: (p["left"]["epoch"], p["left"]["step"], p["rank"]))
-        where = first["left"]
-        if all(p.get("left") and (p["left"]["epoch"], p["left"]["step"]) == (where["epoch"], where["step"])
-               for p in list(self.peers.values()) + [self.mine]) and len(left) == self.world_size:
+        where = self.first_leave()
+        states = list(self.peers.values()) + [self.mine]
+        if len(states) == self.world_size and all(
+                p.get("left") and (p["left"]["epoch"], p["left"]["step"])
+                == (where["epoch"], where["step"]) for p in states):
             return  # every rank left at the same step: an ordinary end
-        message = (f"hvd_balance: rank {first['rank']} left its training loop in epoch "
+        message = (f"hvd_balance: rank {where['rank']} left its training loop in epoch "
                    f"{where['epoch']} after {where['step']} of its {where['steps']} steps "
                    f"({notice.printable(where['why'])}); every rank stops there (this rank after "
                    f"{steps_done} steps: a step it was in ends without the gradient of a rank "

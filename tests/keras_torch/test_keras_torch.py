@@ -71,7 +71,10 @@ def test_keras_on_torch_load_balancer_moves_work_off_a_slowed_rank():
     assert results[0]["plans"] == results[1]["plans"]
     final = results[0]["plans"][-1]
     assert sum(final) == 64 and final[1] < 24, final
-    assert results[0]["steps"] == results[1]["steps"] == [24, 24, 24]
+    # On so small a model the allreduce can cost more than rank 1 brings: it may be left out,
+    # and then runs one probe step an epoch.
+    assert results[0]["steps"] == [24, 24, 24]
+    assert results[1]["steps"] == [24 if plan[1] else 1 for plan in results[0]["plans"]]
 
 
 @pytest.mark.parametrize("step", [6, 23])

@@ -72,7 +72,8 @@ def test_a_given_plan_that_leaves_a_rank_out_is_refused_naming_it(tmp_path):
 @pytest.mark.parametrize("leaver, when, syncbn, at", [
     (0, "mid", False, (1, 3)), (1, "mid", True, (1, 3)), (0, "last", True, (1, 4)),
     (0, "before", True, (1, 0)), (2, "probe_stop", False, (1, 0)),
-    (2, "probe_break", False, (1, 0)), (2, "after_probe", False, (2, 0))])
+    (2, "probe_break", False, (1, 0)), (2, "after_probe", False, (2, 0)),
+    (0, "top", False, (1, 0))])
 def test_a_rank_leaving_while_one_is_out_stops_every_rank_at_once(leaver, when, syncbn, at):
     """Rank 2 is out in epoch 1 (``after_probe``: taken back for epoch 2); rank ``leaver``
     leaves its loop (leave_out_stop.py's WHEN). The ranks that train finish the step they are
@@ -92,6 +93,16 @@ def test_a_rank_leaving_while_one_is_out_stops_every_rank_at_once(leaver, when, 
         assert r["steps"][0] == 5 and (rank != 2 or r["steps"][1] <= 1)  # its probe step
     said = f"hvd_balance: rank {leaver} left its training loop in epoch {at[0]} after {at[1]}"
     assert run.stdout.count(said) == 3, run.stdout[-3000:]
+
+
+def test_a_look_at_a_batch_on_a_rank_left_out_is_no_leave():
+    """``next(iter(loader))`` on rank 2, out in epoch 1, before its loop: no rank stops."""
+    run = run_torchrun(SCRIPTS + "leave_out_stop.py", nproc=3, timeout=60, args=["2", "peek"])
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert [results[r]["stopped"] for r in range(3)] == [None] * 3
+    assert [results[r]["steps"] for r in range(3)] == [[5, 5, 5], [5, 5, 5], [5, 1, 1]]
+    assert "left its training loop" not in run.stdout
 
 
 def test_stateful_objects_without_a_state_dict_are_refused_naming_their_type():

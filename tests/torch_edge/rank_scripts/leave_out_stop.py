@@ -9,7 +9,9 @@ leaves its loop, WHEN:
   before       the same before the forward of step 0;
   probe_stop   (rank 2) the same in its probe step, before ``step()``;
   probe_break  (rank 2) a plain break in its probe step, before ``step()``;
-  after_probe  (rank 2) the same after its probe's ``step()``.
+  after_probe  (rank 2) the same after its probe's ``step()``;
+  top          the same after ``set_epoch(1)``, before the loop;
+  peek         (rank 2) no leave: it takes the loader's first batch for a look first.
 Every rank's epoch loop ends once ``balancer.stopped`` says so. With ``syncbn``, hvd_balance's
 SyncBatchNorm (its sums, and DDP's broadcast of its buffers at every forward). Each rank emits
 its steps per epoch, ``LoadBalancer.stopped`` and its loop's seconds, then all meet in a
@@ -48,7 +50,7 @@ def leaves(epoch, step, moment):
         return False
     at = {"mid": ("after", 2), "last": ("backward", 4), "before": ("forward", 0),
           "probe_stop": ("after_forward", 0), "probe_break": ("after_forward", 0),
-          "after_probe": ("after", 0)}[when]
+          "after_probe": ("after", 0)}.get(when)
     return at == (moment, step)
 
 
@@ -58,6 +60,11 @@ steps, start = [], time.monotonic()
 for epoch in range(3):
     sampler.set_epoch(epoch)
     steps.append(0)
+    if epoch == 1 and rank == leaver and when == "top":
+        balancer.stop("loss is nan")
+        break
+    if epoch == 1 and rank == leaver and when == "peek":
+        next(iter(DataLoader(dataset, batch_sampler=sampler)))
     for step, (xb, yb) in enumerate(DataLoader(dataset, batch_sampler=sampler)):
         if leaves(epoch, step, "forward"):
             balancer.stop("loss is nan")
