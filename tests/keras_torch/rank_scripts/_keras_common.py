@@ -19,3 +19,21 @@ def init():
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     hvd.init()
     return hvd.rank(), hvd.size()
+
+
+def exactness_job(samples: int, syncbn: bool, rank: int):
+    """The exactness jobs' inputs: ``samples`` rows of 6 float32 features with a linear rule,
+    and ``build(norm)``, a small MLP (``norm``'s layer after the first with ``syncbn``) seeded
+    differently on each rank (the broadcast makes them equal): ``(x, y, build)``."""
+    import keras
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, 6)).astype("float32")
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64")
+
+    def build(norm):
+        keras.utils.set_random_seed(rank + 1)
+        layers = [keras.Input((6,)), keras.layers.Dense(8)] + ([norm()] if syncbn else [])
+        return keras.Sequential(layers + [keras.layers.ReLU(), keras.layers.Dense(2)])
+    return x, y, build

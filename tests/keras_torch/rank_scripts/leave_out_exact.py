@@ -11,7 +11,7 @@ and each epoch's loss after hvd.WeightedMetricAverage against that copy's mean s
 """
 import sys
 
-from _keras_common import emit, finish, hvd, init
+from _keras_common import emit, exactness_job, finish, hvd, init
 
 import keras
 import numpy as np
@@ -23,15 +23,7 @@ EPOCHS, STEPS = 3, 5
 rank, size = init()
 syncbn = "syncbn" in sys.argv[1:]
 B = 4 * size
-rng = np.random.default_rng(0)
-x = rng.normal(size=(STEPS * B + 3, 6)).astype("float32")
-y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64")
-
-
-def build(norm):
-    keras.utils.set_random_seed(rank + 1)  # different on each rank: the broadcast makes them equal
-    layers = [keras.Input((6,)), keras.layers.Dense(8)] + ([norm()] if syncbn else [])
-    return keras.Sequential(layers + [keras.layers.ReLU(), keras.layers.Dense(2)])
+x, y, build = exactness_job(STEPS * B + 3, syncbn, rank)
 
 
 def sgd():
