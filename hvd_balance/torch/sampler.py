@@ -201,7 +201,7 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
             except GeneratorExit:  # the loop let go in its step, before step(): it left
                 if self.probe_started is not None and self._probe_began \
                         and self.stop_guard is not None:
-                    self.stop_guard.left_probe()
+                    self.stop_guard.closed(0, probe=True)
                 raise
             return
         try:

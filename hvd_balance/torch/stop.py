@@ -21,7 +21,7 @@ itself:
   step without its gradient, their loop ends, and the groups stay in step (a later
   collective, a barrier, matches); while a plan leaves ranks out, the step's collectives
   are the training ranks' (on their group), and every rank then joins one gather, which
-  a rank left out meets in its epoch's window (:meth:`StopGuard.release`);
+  a rank left out meets in its epoch's window (:meth:`StopGuard.released_by`);
 - every rank prints ``hvd_balance: rank 1 left its training loop in epoch 0 after 6 of its
   24 steps (loss is nan); every rank stops there ...`` once every other rank is out.
 
@@ -110,10 +110,6 @@ class StopGuard:
         return self.first is not None
 
     # -- a rank that leaves ----------------------------------------------------------------
-    def _where(self) -> Tuple[int, int]:
-        """``position()`` as :meth:`_at` counts it."""
-        return self._at(*self.position())
-
     def _at(self, epoch: int, step: int) -> Tuple[int, int]:
         """``(epoch, step)``, where the end of a pass is the next epoch's first step (the
         others may be in it already): positions of ranks in different epochs compare."""
@@ -123,7 +119,7 @@ class StopGuard:
         """This rank leaves its loop now: tell the others and finish their step."""
         if self.mine is not None and self.mine.get("left"):
             return
-        epoch, step = self._where()
+        epoch, step = self._at(*self.position())
         partial = self._entered == (epoch, step) and bool(self._entries)
         self._post({"left": {"epoch": epoch, "step": step, "steps": self.sampler.steps, "why": why},
                     "bound": self._at(epoch, step + 1 if partial else step)})
@@ -131,7 +127,9 @@ class StopGuard:
         self._serve(epoch, step, len(self._entries) if partial else 0, step)
 
     def closed(self, laid_out: int, probe: bool = False) -> None:
-        """The sampler's iterator was closed (the loop left) after ``laid_out`` batches."""
+        """The sampler's iterator was closed (the loop left) after ``laid_out`` batches;
+        ``probe``: a rank left out let go of its probe pass in its step, before ``step()``
+        (the others would wait for it in their epoch's window)."""
         epoch, step = self.position()
         # A pass with no step taken (``next(iter(loader))`` for a look at a batch) is no leave,
         # but a probe's (its step has no collective to show for it).
@@ -142,12 +140,6 @@ class StopGuard:
                 print(f"hvd_balance: rank {self.rank} left its training loop; telling the others "
                       f"failed: {err}", file=sys.stderr, flush=True)
 
-    def left_probe(self) -> None:
-        """A rank left out let go of its probe pass before its ``step()``: it left its loop,
-        and the others would wait for it in their epoch's window."""
-        if self.mine is None:
-            self.closed(0, probe=True)
-
     def halted(self, laid_out: int) -> None:
         """This rank is out since another rank left: its sampler refused a batch, or its pass
         is over (``laid_out``: the steps it handed out)."""
@@ -157,7 +149,7 @@ class StopGuard:
         if now[1] < laid_out:
             return  # loader workers fetched ahead: the last of those batches' step() says it
         self._post({"bound": self._at(now[0], laid_out)})
-        self._serve(*self._at(*now), 0, now[1])
+        self._serve(*now, 0, now[1])
 
     # -- the board's thread ----------------------------------------------------------------
     def _on_note(self, note: Dict) -> None:
@@ -255,8 +247,7 @@ class StopGuard:
         with self._cond:
             left = [p for p in list(self.peers.values()) + [self.mine] if p and p.get("left")]
             if not left:
-                return None if self.first is None else {"rank": self.first["rank"],
-                                                        **self.first["left"]}
+                return None
             first = min(left, key=lambda p: (p["left"]["epoch"], p["left"]["step"], p["rank"]))
         return {"rank": first["rank"], **first["left"]}
 
