@@ -15,6 +15,9 @@ rank among them is staged through host memory), NCCL where every rank is a GPU.
   back.
 - :class:`SyncBatchNorm`, :func:`convert_sync_batchnorm`: batch norm over the global batch on
   CPU and GPU ranks, exact under unequal local batches.
+- :func:`training_group`, :func:`training_ranks`: the group and the ranks that train this
+  step, for the loop's own collectives while a rank is left out (on the default group they
+  raise :class:`LeftOutError` then, instead of waiting for it).
 
 Example (docs/torch.md has the whole script and its diff against plain DDP)::
 
@@ -32,6 +35,7 @@ from ..core.plan import Plan, PlanMismatchError
 from .comm_hook import SumHookState, allreduce_sum_hook
 from .distributed import end_job
 from .load_balancer import PLAN_ENV, LoadBalancer
+from .membership import LeftOutError, training_group, training_ranks
 from .memory_probe import probe_max_batch
 from .sampler import BalancedBatchSampler
 from .sync_batch_norm import SyncBatchNorm, convert_sync_batchnorm
@@ -39,4 +43,5 @@ from .telemetry import StepTelemetry
 
 __all__ = ["BalancedBatchSampler", "LoadBalancer", "SyncBatchNorm", "convert_sync_batchnorm",
            "StepTelemetry", "SumHookState", "allreduce_sum_hook", "Plan", "PlanMismatchError",
-           "PLAN_ENV", "probe_max_batch", "end_job"]
+           "PLAN_ENV", "probe_max_batch", "end_job", "training_group", "training_ranks",
+           "LeftOutError"]

@@ -24,8 +24,9 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
-from . import distributed
+from . import distributed, membership
 from .telemetry import StepTelemetry
 
 
@@ -35,7 +36,7 @@ class SumHookState:
     Args:
         telemetry: the :class:`StepTelemetry` to mark (``None``: no timing).
         process_group: the group to reduce over (default: the ranks that train,
-            :func:`hvd_balance.torch.distributed.set_training_ranks`).
+            :mod:`hvd_balance.torch.membership`).
     """
 
     def __init__(self, telemetry: Optional[StepTelemetry] = None, process_group=None):
@@ -52,11 +53,11 @@ def allreduce_sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.fu
         ```
     """
     buffer = bucket.buffer()
-    if not distributed.trains():  # left out (a probe step of its own): no collective
+    if not membership.trains():  # left out (a probe step of its own): no collective
         done = torch.futures.Future()
         done.set_result(buffer)
         return done
-    group = state.process_group if state.process_group is not None else distributed.training_group()
+    group = state.process_group if state.process_group is not None else membership.training_group()
     group = dist.group.WORLD if group is None else group
     telemetry = state.telemetry
     staged = distributed.needs_staging(buffer)
@@ -71,7 +72,7 @@ def allreduce_sum_hook(state: SumHookState, bucket: dist.GradBucket) -> torch.fu
     if bucket.is_last() and telemetry is not None:
         telemetry.mark_ready()
     distributed.entering(tensor)
-    future = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future()
+    future = c10d.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True).get_future()
 
     def done(fut):
         result = fut.value()[0]

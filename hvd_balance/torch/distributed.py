@@ -22,13 +22,14 @@ import socket
 import time
 import weakref
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
+from . import membership
 from ..core.agreement import disagreements
-
 from ..core.plan import PlanMismatchError
 
 # Errors raised on every rank keep these types (by name); any other becomes a RuntimeError.
@@ -39,38 +40,6 @@ Replay = Callable[[], None]  # runs one collective of a step again (the mid-epoc
 _watcher: Optional[Callable[[torch.Tensor, Optional[Replay]], None]] = None  # told of each collective
 # DDP's method that broadcasts its buffers (private: named here only); torch 1.x to 2.13 at least.
 _DDP_BROADCAST = "_distributed_broadcast_coalesced"
-_training: Optional[Tuple[int, ...]] = None  # the ranks a plan trains on now (None: every rank)
-_groups: Dict[Tuple[int, ...], Any] = {}     # one process group per such set, made once
-
-
-def set_training_ranks(ranks) -> None:
-    """The ranks whose steps run from now on, and between which a step's collectives run
-    (the others are left out: no collective of a step waits for them). Every rank calls it
-    with the same ranks at the same point (a new set's group is made by every rank)."""
-    global _training
-    ranks = tuple(sorted(int(r) for r in ranks))
-    if ranks == tuple(range(world_size())):
-        _training = None
-        return
-    if ranks not in _groups:
-        _groups[ranks] = dist.new_group(list(ranks))
-    _training = ranks
-
-
-def training_group():
-    """The process group of a step's collectives: ``None`` (the default group) when every
-    rank trains."""
-    return None if _training is None else _groups[_training]
-
-
-def training_ranks() -> Tuple[int, ...]:
-    """The ranks whose steps run now (every rank unless a plan leaves some out)."""
-    return tuple(range(world_size())) if _training is None else _training
-
-
-def trains() -> bool:
-    """Whether this rank's steps take part in the collectives (it is not left out)."""
-    return _training is None or rank() in _training
 
 
 def watch_collectives(watcher: Optional[Callable[[torch.Tensor, Optional[Replay]], None]]) -> None:
@@ -108,10 +77,10 @@ def watch_buffer_broadcasts(model: torch.nn.Module) -> bool:
     owner = weakref.ref(model)
 
     def watched(tensors, buffer_size, authoritative_rank=0):
-        if not trains():
+        if not membership.trains():
             return None  # a rank left out takes no part in the step's broadcast
         def run(values):  # on the group of the step it runs in (a replay: the others' step)
-            group = training_group()
+            group = membership.training_group()
             if group is not None:  # among the ranks that train, from the first of them
                 return dist._broadcast_coalesced(group, values, buffer_size, 0)  # DDP's own call
             return broadcast(owner(), values, buffer_size, authoritative_rank)
@@ -190,35 +159,39 @@ def all_reduce_sum(tensor: torch.Tensor, timed: bool = False, in_step: bool = Tr
     rank, which the watcher is not told of; in a step, the sum is over the ranks that train
     (:func:`set_training_ranks`), and a rank left out keeps its own.
     """
-    if not is_distributed() or (in_step and not trains()):
+    if not is_distributed() or (in_step and not membership.trains()):
         return tensor.clone()
-    group = training_group() if in_step else None
+    group = membership.training_group() if in_step else None
     with counted_as_wait(tensor.device) if timed else nullcontext():
         if needs_staging(tensor):
             host = tensor.detach().to("cpu", copy=True)
             if in_step:
                 entering(host)
-            dist.all_reduce(host, op=dist.ReduceOp.SUM, group=group)
+            c10d.all_reduce(host, op=dist.ReduceOp.SUM, group=group)
             return host.to(tensor.device)
         out = tensor.detach().clone()
         if in_step:
             entering(out)
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        c10d.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
         return out
 
 
 def _per_dtype(tensors: List[torch.Tensor], collective: Callable[[torch.Tensor], torch.Tensor]
                ) -> List[torch.Tensor]:
-    """``collective(flat)`` once per dtype and device, on those tensors flattened into one,
-    split back into new tensors shaped as ``tensors`` (groups in the same order on every rank)."""
+    """``collective(flat)`` once per dtype, on those tensors flattened into one (on the first
+    one's device, in host memory where :func:`needs_staging` says so, so ranks whose tensors
+    sit on other devices run the same collectives), split back into new tensors shaped as
+    ``tensors``, each on its own device (groups in the same order on every rank)."""
     out: List[Optional[torch.Tensor]] = [None] * len(tensors)
     groups: dict = {}
     for i, t in enumerate(tensors):
-        groups.setdefault((t.dtype, t.device), []).append(i)
+        groups.setdefault(t.dtype, []).append(i)
     for members in groups.values():
-        flat = collective(torch.cat([tensors[i].detach().reshape(-1) for i in members]))
+        first = tensors[members[0]]
+        wire = torch.device("cpu") if needs_staging(first) else first.device
+        flat = collective(torch.cat([tensors[i].detach().reshape(-1).to(wire) for i in members]))
         for i, piece in zip(members, flat.split([tensors[i].numel() for i in members])):
-            out[i] = piece.view_as(tensors[i])
+            out[i] = piece.view_as(tensors[i]).to(tensors[i].device)
     return out  # type: ignore[return-value]
 
 
@@ -228,16 +201,16 @@ def all_reduce_sum_tensors(tensors: List[torch.Tensor]) -> List[torch.Tensor]:
     return _per_dtype(tensors, all_reduce_sum)
 
 
-def broadcast_tensors(tensors: List[torch.Tensor], src: int = 0) -> List[torch.Tensor]:
-    """Rank ``src``'s values of ``tensors`` (the same shapes and dtypes on every rank), as new
-    tensors on each tensor's device: one broadcast per dtype and device, staged through host
-    memory where :func:`needs_staging` says so."""
+def broadcast_tensors(tensors: List[torch.Tensor], src: int = 0, group=None) -> List[torch.Tensor]:
+    """Rank ``src``'s values of ``tensors`` (the same shapes and dtypes on every rank of
+    ``group``, default the world), as new tensors on each tensor's device: one broadcast per
+    dtype, staged through host memory where :func:`needs_staging` says so."""
     if not is_distributed():
         return [t.detach().clone() for t in tensors]
 
     def broadcast(flat: torch.Tensor) -> torch.Tensor:
         buffer = flat.to("cpu") if needs_staging(flat) else flat
-        dist.broadcast(buffer, src=src)
+        c10d.broadcast(buffer, src=src, group=group)
         return buffer.to(flat.device)
     return _per_dtype(tensors, broadcast)
 
@@ -247,7 +220,7 @@ def allgather_object(value: Any) -> List[Any]:
     if not is_distributed():
         return [value]
     out: List[Any] = [None] * world_size()
-    dist.all_gather_object(out, value)
+    c10d.all_gather_object(out, value)
     return out
 
 
@@ -256,7 +229,7 @@ def broadcast_object(value: Any, src: int = 0) -> Any:
     if not is_distributed():
         return value
     box = [value if rank() == src else None]
-    dist.broadcast_object_list(box, src=src)
+    c10d.broadcast_object_list(box, src=src)
     return box[0]
 
 
@@ -292,8 +265,10 @@ def agree(fn: Callable[[], Any], what: str) -> Any:
         return fn() if rank() == 0 else None
     try:
         value, error = on_root(), None
-    except (ValueError, TypeError, RuntimeError) as err:
-        value, error = None, (type(err).__name__, str(err))
+    except Exception as err:  # noqa: BLE001 - any error: the others wait in the broadcast
+        kind = type(err).__name__
+        value, error = None, (kind, str(err) if kind in _ERRORS or kind == "RuntimeError"
+                              else f"{kind}: {err}")
     value, error = broadcast_object((value, error))
     if error is not None:
         raise _ERRORS.get(error[0], RuntimeError)(f"rank 0: {error[1]} ({what})")
@@ -333,8 +308,9 @@ def end_job(exit_code: int = 0) -> None:
     import sys
 
     if is_distributed():
-        dist.barrier()
-        dist.destroy_process_group()
+        c10d.barrier()
+        membership.close()
+        c10d.destroy_process_group()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

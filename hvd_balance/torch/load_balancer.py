@@ -9,13 +9,14 @@ measures, gathers and applies.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from . import distributed, stop as stop_guard
+from . import distributed, membership, state_sync, stop as stop_guard
 from .comm_hook import SumHookState, allreduce_sum_hook
 from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
@@ -29,6 +30,7 @@ from .memory_probe import probe_max_batch
 
 
 PLAN_ENV = "HVD_BALANCE_PLAN"
+_generations = itertools.count(1)
 # Steps of equal batches timed before the first plan: the first step is not timed (its gap
 # holds DDP's and the loader's start-up), so this gives the controller MIN_SAMPLES per rank.
 FIRST_STEPS = MIN_SAMPLES + 1
@@ -45,18 +47,6 @@ def _model_device(model: torch.nn.Module) -> Optional[torch.device]:
     for p in model.parameters():
         return p.device
     return None
-
-
-def _on_cpu(value):
-    """``value`` (a state dict: tensors in dicts and lists) with its tensors in host memory,
-    to travel between ranks on different devices."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _on_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_cpu(v) for v in value)
-    return value
 
 
 def _load_plan(plan) -> Plan:
@@ -80,6 +70,9 @@ class LoadBalancer:
     :class:`~hvd_balance.core.controller.Controller` whether to keep, switch or revert the
     plan, and every rank applies the answer at the same step boundary: its local batch to
     ``sampler`` and its loss weight ``b_i / B`` to :meth:`scale`.
+
+    From its making, a heartbeat between the ranks ends the job within ``lost_s`` of a rank
+    going silent (frozen, its host gone, its link cut), every other rank naming it.
 
     A rank that leaves its loop in the middle of an epoch (a ``break`` on a NaN loss, a local
     condition; :meth:`stop` first gives the reason) does not leave the others waiting in
@@ -121,7 +114,15 @@ class LoadBalancer:
             rank 0 only says which ranks the job would be faster without.
         stateful: more objects with ``state_dict()`` and ``load_state_dict()`` whose state a
             rank taken back takes from the others with the optimizer's: an LR scheduler that
-            steps every batch (a rank out steps it once an epoch), a ``GradScaler``.
+            steps every batch (a rank out steps it once an epoch), a ``GradScaler``. One that
+            steps every batch and is not here is refused before a rank is left out.
+        share_state: for a caller that sums the gradients itself (``telemetry``): with it,
+            ranks may be left out; ``share_state(src, receivers, everything)`` gives ranks
+            ``receivers`` rank ``src``'s model, and with ``everything`` its optimizer's state
+            (every rank calls it; Keras on torch passes its variables').
+        lost_s: seconds without a heartbeat after which a rank is lost and every other rank
+            exits, naming it (default ``$HVD_BALANCE_LOST_S``, else 20;
+            :mod:`hvd_balance.torch.membership`). Set once per process, by the first balancer.
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
@@ -162,8 +163,10 @@ class LoadBalancer:
                  rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, controller=None,
                  telemetry: Optional[StepTelemetry] = None, max_batch_size=None,
-                 probe_input=None, guard: bool = True, optimizer=None, stateful=()):
+                 probe_input=None, guard: bool = True, optimizer=None, stateful=(),
+                 share_state=None, lost_s: Optional[float] = None):
         self.model, self.sampler, self.optimizer = model, sampler, optimizer
+        self._share_state_fn = share_state
         self.stateful = list(stateful)
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
@@ -207,11 +210,16 @@ class LoadBalancer:
 
         self._hooked = (isinstance(model, torch.nn.parallel.DistributedDataParallel)
                         and not self._caller_sums)
-        self._can_leave_out = self.world_size > 1 and self._can_regroup(model, optimizer)
+        # The heartbeat and the groups of ranks (a collective: every rank, here).
+        lost_s = distributed.all_ok(lambda: membership.lost_seconds(lost_s),
+                                    "hvd_balance.torch.LoadBalancer")
+        self._membership = membership.current(lost_s)
         self._steps_run = 0  # DDP rebuilds its buckets on the default group at its 2nd step
+        watched = True
         if self._hooked:
             model.register_comm_hook(SumHookState(self.telemetry), allreduce_sum_hook)
-            distributed.watch_buffer_broadcasts(model)  # a leave replays them too (stop.py)
+            watched = distributed.watch_buffer_broadcasts(model)  # a leave replays them (stop.py)
+        self._can_leave_out = self.world_size > 1 and self._can_regroup(model, optimizer, watched)
         where = distributed.allgather_object(
             (distributed.hostname(), describe_device(_model_device(model))))
         hosts = tuple(h for h, _ in where)
@@ -250,7 +258,12 @@ class LoadBalancer:
         if self.rank == 0 and self.rebalance != "off":
             self._controller = controller if controller is not None else self._make_controller()
         sampler.set_plan(start, step=sampler.steps)  # before any step: the next pass uses it
-        distributed.set_training_ranks(i for i, b in enumerate(start.batch_sizes) if b)
+        if caps is not None and caps[self.rank] is not None:  # a probe step's batch fits too
+            sampler.probe_batch = max(1, min(sampler.probe_batch, caps[self.rank]))
+        membership.set_training_ranks(i for i, b in enumerate(start.batch_sizes) if b)
+        membership.watch_pass(self._in_pass, self.stop)
+        self._gen = next(_generations)  # marks the epoch ends of this balancer's waits
+        self._ends = 0  # epoch ends passed (the same count on every rank)
         self._iterations_seen = sampler.iterations
         self._step = 0          # the step of the current pass about to run (or running)
         self._since_window = 0  # steps since the last window
@@ -382,6 +395,7 @@ class LoadBalancer:
             self.sampler.probe_started = None
             self.telemetry.reset()
             self._step = self.sampler.steps
+            self._await_epoch_end()
             if self.rebalance != "off":
                 self._window(self.sampler.steps - 1, True)  # where the others end the epoch
             else:
@@ -400,6 +414,10 @@ class LoadBalancer:
             self._since_window = 0
             self._pending_apply = None
         epoch_end = self._step >= self.sampler.steps
+        if epoch_end:
+            self._ends += 1
+            if self.sampler.plan_at(finished).left_out:  # the ranks out wait for this word
+                self._membership.reached((self._gen, self._ends))
         if self.rebalance == "off":
             if epoch_end and self.sampler.plan_at(finished).left_out:
                 self._regroup(self.sampler.plan_at(finished), self.plan, True)
@@ -414,6 +432,22 @@ class LoadBalancer:
             due = self._since_window >= int(self.rebalance) or epoch_end
         if due and self._pending_apply is None:
             self._window(finished, epoch_end)
+
+    def _in_pass(self) -> bool:
+        """Whether this rank is in the middle of an epoch: a batch of the pass handed out, its
+        last ``step()`` not yet run (the loop's collectives on the default group then wait for
+        ranks left out, :mod:`.membership`)."""
+        return (self.sampler.laid_out > 0 and self._current_step() < self.sampler.steps
+                and (self._guard is None or not self._guard.released))  # a stop's gather ends it
+
+    def _await_epoch_end(self) -> None:
+        """A rank left out, after its probe step: wait out of band until the ranks that train
+        reach the epoch's end (or a rank left its loop), so the window's gather that follows
+        waits for nobody, however long their epoch and whatever the group's timeout."""
+        self._ends += 1
+        guard = self._guard
+        self._membership.wait_for(membership.training_ranks(), (self._gen, self._ends),
+                                  also=lambda: guard is not None and guard.first is not None)
 
     # -- windows ---------------------------------------------------------------------------
     def _window(self, finished: int, epoch_end: bool) -> None:
@@ -491,45 +525,73 @@ class LoadBalancer:
 
     def _regroup(self, before: Plan, after: Plan, epoch_end: bool) -> None:
         """Every rank, at an epoch's end: from the next step the step's collectives run among
-        ``after``'s ranks, and the ranks ``before`` left out get the parameters, buffers and
-        optimizer state of the ranks that trained (the first of them sends), so every rank
-        holds the model at every epoch's end and a rank taken back starts from it."""
+        ``after``'s ranks. The ranks ``before`` left out take the model (parameters and
+        buffers) of the first rank that trained, so every rank holds the job's model at every
+        epoch's end (a checkpoint or an evaluation on any rank); a rank taken back also takes
+        its optimizer's and ``stateful``'s state. Only those ranks receive, tensors as tensors."""
         def check():
             if not (epoch_end and self._can_leave_out):
                 raise ValueError(f"a plan that leaves ranks out or takes them back "
                                  f"({list(before.batch_sizes)} -> {list(after.batch_sizes)}) "
                                  "applies at an epoch's end, with LoadBalancer(optimizer=)")
+            if set(after.left_out) - set(before.left_out):
+                self._check_stateful()
         distributed.all_ok(check, "hvd_balance.torch.LoadBalancer")
-        distributed.set_training_ranks(i for i, b in enumerate(after.batch_sizes) if b)
+        membership.set_training_ranks(i for i, b in enumerate(after.batch_sizes) if b)
         if not before.left_out:
             return
-        self._share_state(next(i for i, b in enumerate(before.batch_sizes) if b))
+        src = next(i for i, b in enumerate(before.batch_sizes) if b)
+        back = sorted(set(before.left_out) - set(after.left_out))
+        staying = sorted(set(before.left_out) & set(after.left_out))
+        if staying:
+            self._share_state(src, staying, False)
+        if back:
+            self._share_state(src, back, True)
 
     # -- what leaving ranks out needs of the model (the Keras edge's differs) --------------------
-    def _can_regroup(self, model: torch.nn.Module, optimizer) -> bool:
-        """Whether the step's collectives can run among some ranks only: the hook's sums, with
-        the state to give back (the DDP module's and the optimizer's), and no collective of
-        DDP's own outside the hook: not with unused parameters searched or a static graph (an
-        allreduce each backward), nor with torch's SyncBatchNorm (on the default group)."""
-        return (self._hooked and optimizer is not None
+    def _can_regroup(self, model: torch.nn.Module, optimizer, watched: bool) -> bool:
+        """Whether the step's collectives can run among some ranks only: the hook's sums (or
+        the caller's, with its ``share_state``), with the state to give back (the DDP
+        module's and the optimizer's), and no collective of DDP's own outside the hook: not
+        with unused parameters searched or a static graph (an allreduce each backward), nor
+        with torch's SyncBatchNorm (on the default group), nor a broadcast of buffers that
+        this torch's DDP does not let the stop guard see (``watched``)."""
+        if self._caller_sums:
+            return self._share_state_fn is not None
+        return (self._hooked and optimizer is not None and self._share_state_fn is None
                 and not getattr(model, "find_unused_parameters", False)
                 and not getattr(model, "static_graph", False)
+                and (watched or not getattr(model, "broadcast_buffers", False)
+                     or not any(True for _ in model.buffers()))
                 and not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
 
-    def _share_state(self, src: int) -> None:
-        """Every rank takes rank ``src``'s parameters, buffers, optimizer state and
-        ``stateful``'s."""
+    def _share_state(self, src: int, receivers: List[int], everything: bool) -> None:
+        """Ranks ``receivers`` take rank ``src``'s parameters and buffers, and with
+        ``everything`` its optimizer's and ``stateful``'s state (every rank calls it)."""
+        if self._share_state_fn is not None:
+            self._share_state_fn(src, receivers, everything)
+            return
         module = self.model.module
         tensors = list(module.parameters()) + list(module.buffers())
-        with torch.no_grad():
-            for t, value in zip(tensors, distributed.broadcast_tensors(tensors, src)):
-                t.copy_(value)
-        holders = [self.optimizer] + self.stateful
-        states = distributed.broadcast_object(
-            [_on_cpu(h.state_dict()) for h in holders] if self.rank == src else None, src)
-        if self.rank != src:
-            for holder, state in zip(holders, states):
-                holder.load_state_dict(state)
+        holders = [self.optimizer] + self.stateful if everything else []
+        values = state_sync.share_state(src, receivers, tensors, holders,
+                                        _model_device(self.model))
+        if values is not None:
+            with torch.no_grad():
+                for t, value in zip(tensors, values):
+                    t.copy_(value)
+
+    def _check_stateful(self) -> None:
+        """Refuse, before a rank is left out, a per-batch LR scheduler or a ``GradScaler``
+        that is not in ``stateful=``: a rank out steps it once an epoch, so taken back it
+        would train with another rate or scale (:func:`.state_sync.unshared_per_step_state`)."""
+        missed = state_sync.unshared_per_step_state(self.optimizer, self.stateful, self._ends)
+        if missed:
+            raise ValueError(
+                f"{', '.join(missed)} steps every batch but is not in LoadBalancer(stateful=): "
+                "a rank left out steps it once an epoch, and taken back it would train with "
+                "another learning rate or loss scale; pass LoadBalancer(..., stateful=[...]) "
+                "with it")
 
     def _tell(self, advice) -> Optional[List[int]]:
         """The ranks the job would be faster without; rank 0 says so (and writes the plan for

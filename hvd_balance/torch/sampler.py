@@ -176,10 +176,12 @@ class BalancedBatchSampler(torch.utils.data.Sampler):
         return self.order(epoch)[start:start + plan.batch_sizes[rank]].tolist()
 
     def probe_began(self) -> None:
-        """The model's forward ran in this pass's probe step (a look at the batch alone is no
-        step: dropping the pass then is no leave)."""
-        if self.probe_started is not None:
+        """The model's forward began in this pass's probe step (a look at the batch alone is
+        no step: dropping the pass then is no leave). The probe's clock starts here, not when
+        the batch was handed out: the loader's start-up is no step's work."""
+        if self.probe_started is not None and not self._probe_began:
             self._probe_began = True
+            self.probe_started = time.perf_counter()
 
     def halt(self) -> None:
         """Hand out no more batches, in this pass or later ones (a rank stopped training)."""

@@ -38,9 +38,10 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 from .. import notice
-from . import distributed
+from . import distributed, membership
 
 # Seconds a rank that is out waits for another rank's next word (in a step, or out) before
 # giving up on it: longer than one training step, within the 60 s a user waits for an answer.
@@ -185,8 +186,8 @@ class StopGuard:
         next_at, offset = self._at(epoch, step), done_entries
         deadline = time.monotonic() + ANSWER_WAIT_S
         # Only the ranks that train run a step's collectives: a rank left out waits for none.
-        training_peers = [r for r in distributed.training_ranks() if r != self.rank] \
-            if distributed.trains() else []
+        training_peers = [r for r in membership.training_ranks() if r != self.rank] \
+            if membership.trains() else []
         with self._cond:
             while True:
                 others = [self.peers.get(r) for r in training_peers]
@@ -222,7 +223,7 @@ class StopGuard:
         if self.released:
             return
         self.released = True
-        if distributed.training_ranks() != tuple(range(self.world_size)):
+        if membership.training_ranks() != tuple(range(self.world_size)):
             distributed.allgather_object({"stopped": self.first})
 
     def released_by(self, note: Dict) -> None:
@@ -239,7 +240,7 @@ class StopGuard:
                 continue
             numel, dtype, device = entry
             zeros = torch.zeros(numel, dtype=dtype, device=device)
-            dist.all_reduce(zeros, op=dist.ReduceOp.SUM, group=distributed.training_group())
+            c10d.all_reduce(zeros, op=dist.ReduceOp.SUM, group=membership.training_group())
 
     def first_leave(self) -> Optional[Dict]:
         """The first leave this rank knows of (the earliest, then the lowest rank), as every

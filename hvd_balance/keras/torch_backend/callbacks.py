@@ -17,7 +17,7 @@ import torch
 from ...core.agreement import StopMismatchError
 from ...core.controller import DEFAULT_THRESHOLD
 from ...core.metric_average import weighted_average
-from ...torch import distributed
+from ...torch import distributed, state_sync
 from ...torch.load_balancer import LoadBalancer as TorchLoadBalancer
 from .data import BalancedData
 from .optimizer import gradient_weight_of, telemetry_of
@@ -51,28 +51,34 @@ def _settle_stop(model) -> None:
         model.stop_training = True
 
 
-def _broadcast_variables(model, src: int) -> None:
-    """Every rank takes rank ``src``'s model variables (weights, moving statistics, seeds) and
-    optimizer variables (slots, iterations), in one broadcast per dtype."""
+def _variables(model, optimizer_too: bool = True) -> list:
+    """The model's variables (weights, moving statistics, seeds), and with ``optimizer_too``
+    its optimizer's (slots, iterations)."""
     optimizer = getattr(model, "optimizer", None)
     variables = list(model.variables)
-    if optimizer is not None and optimizer.built:
+    if optimizer_too and optimizer is not None and optimizer.built:
         variables += list(optimizer.variables)
-    values = distributed.broadcast_tensors([v.value for v in variables], src=src)
-    for v, value in zip(variables, values):
+    return variables
+
+
+def _broadcast_variables(model, src: int) -> None:
+    """Every rank takes rank ``src``'s model and optimizer variables, one broadcast per dtype."""
+    variables = _variables(model)
+    for v, value in zip(variables, distributed.broadcast_tensors([v.value for v in variables],
+                                                                 src=src)):
         v.assign(value)
 
 
-class _KerasBalancer(TorchLoadBalancer):
-    """The torch edge's balancer on a Keras model, whose gradient sum (the optimizer's) and
-    batch norm sums all run over the ranks that train: it leaves ranks out and gives a rank
-    taken back the model's and the optimizer's variables."""
-
-    def _can_regroup(self, model, optimizer) -> bool:
-        return self._caller_sums
-
-    def _share_state(self, src: int) -> None:
-        _broadcast_variables(self.model, src)
+def _state_sync(model):
+    """The balancer's ``share_state`` for a Keras model: ranks ``receivers`` take rank
+    ``src``'s model variables, and with ``everything`` its optimizer's too (the model's
+    gradient sum and batch norm sums run over the ranks that train, so ranks can be left out)."""
+    def share(src, receivers, everything):
+        variables = _variables(model, everything)
+        values = state_sync.share_state(src, receivers, [v.value for v in variables], (), None)
+        for v, value in zip(variables, values or ()):
+            v.assign(value)
+    return share
 
 
 def _check_optimizer(model, who: str) -> None:
@@ -263,9 +269,10 @@ class LoadBalancer(keras.callbacks.Callback):
                                  "steps_per_epoch: an epoch is one pass of the BalancedData")
         distributed.all_ok(check, "hvd_balance.keras.LoadBalancer")
         self._first_epoch = self._epoch = None
-        self.balancer = _KerasBalancer(self.model, self.data.batch_sampler, plan=self.given_plan,
-                                       telemetry=telemetry_of(optimizer), optimizer=optimizer,
-                                       **self.options)
+        self.balancer = TorchLoadBalancer(self.model, self.data.batch_sampler,
+                                          plan=self.given_plan, telemetry=telemetry_of(optimizer),
+                                          optimizer=optimizer,
+                                          share_state=_state_sync(self.model), **self.options)
         optimizer.hvd_balance_load_balancer = self.balancer  # the metric average settles stops too
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -277,6 +284,7 @@ class LoadBalancer(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         gradient_weight_of(self.model.optimizer).set(self.balancer.weight)
+        self.data.batch_sampler.probe_began()  # a probe step's clock starts at its step
 
     def on_train_batch_end(self, batch, logs=None):
         self.balancer.step()

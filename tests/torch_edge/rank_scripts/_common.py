@@ -15,9 +15,14 @@ emit = _result.emit
 
 
 def init():
-    """The default group over Gloo (torchrun's environment); returns (rank, world size)."""
+    """The default group over Gloo (torchrun's environment), with the collective timeout
+    ``$TEST_PG_TIMEOUT_S`` if set; returns (rank, world size)."""
+    import datetime
+
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group("gloo")
+    timeout = os.environ.get("TEST_PG_TIMEOUT_S")
+    dist.init_process_group("gloo", **({"timeout": datetime.timedelta(seconds=float(timeout))}
+                                       if timeout else {}))
     return dist.get_rank(), dist.get_world_size()
 
 
