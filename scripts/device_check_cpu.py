@@ -40,7 +40,7 @@ import hvd_balance.torch as hb
 from hvd_balance.core.plan import Plan
 from hvd_balance.core.planner import plan_batches
 
-import device_check as check
+import device_check_jobs as check
 
 STRATEGIES = ("equal", "paper", "load_balancer")
 
