@@ -153,8 +153,11 @@ class Channel:
             self.sockets.append(sock)
             self._ready.register(sock, selectors.EVENT_READ)
         self.endpoints: List[Endpoint] = [s.getsockname() for s in self.sockets]
-        # Sent from a socket of its own: the kernel picks the source address for each route.
-        self._out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        # Sent from a socket of its own, where the kernel picks the source address for each
+        # route; on one host from the receiving one (a socket of its own would bind 0.0.0.0 at
+        # its first send: a port any address reaches).
+        local = bool(self.sockets) and all(a.startswith("127.") for a in bind)
+        self._out = self.sockets[0] if local else socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.targets: List[Endpoint] = []
         self.peers: Dict[int, List[Endpoint]] = {}  # rank -> its endpoints (open_channel's)
         self.dropped = 0   # datagrams that failed the tag, the header or the schema

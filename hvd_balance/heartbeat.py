@@ -5,7 +5,8 @@ link is cut leaves the others waiting in their next collective until the backend
 (Gloo's 30 minutes, NCCL's 10). So each rank's daemon thread sends a signed datagram
 (:mod:`hvd_balance.channel`) to every peer every ``INTERVAL_S`` and keeps when it last heard
 each; a peer silent for ``lost_s`` seconds is lost, and :class:`Heartbeat` calls
-``on_lost(rank, beat, silent_s)`` (the torch edge prints who and exits, non-zero).
+``on_lost(rank, beat, silent_s)`` (the torch edge prints who and exits, non-zero). A rank
+that loses a peer says so in its last beats, and the others that hear it lose it at once.
 
 The thread beats whatever the main thread does: a checkpoint written for minutes, a long
 validation pass, a barrier, a rank left out waiting for the others' epoch. Only a process that
@@ -37,7 +38,9 @@ LOST_S = 20.0
 _MARK = channel_mod.integer(0, 2 ** 62)
 _BEAT = {"state": lambda v: v in ("running", "exited"), "host": channel_mod.text(255),
          "pid": channel_mod.integer(1, 2 ** 31),
-         "mark": lambda v: isinstance(v, list) and len(v) == 2 and all(map(_MARK, v))}
+         "mark": lambda v: isinstance(v, list) and len(v) == 2 and all(map(_MARK, v)),
+         "lost": channel_mod.optional(channel_mod.integer(0, 2 ** 31))}
+_REQUIRED = ("state", "host", "pid", "mark")
 
 Mark = Tuple[int, int]
 OnLost = Callable[[int, Dict, float], None]
@@ -45,7 +48,7 @@ OnLost = Callable[[int, Dict, float], None]
 
 def check_beat(beat, sender: int) -> bool:
     """Whether ``beat`` is a well-formed beat: every field, each of its type."""
-    return channel_mod.matches(beat, _BEAT, _BEAT)
+    return channel_mod.matches(beat, _BEAT, _REQUIRED)
 
 
 class PeerExited(RuntimeError):
@@ -83,8 +86,11 @@ class Heartbeat:
         self._thread: Optional[threading.Thread] = None
 
     def beat(self) -> Dict:
-        return {"state": self.state, "host": socket.gethostname()[:255], "pid": os.getpid(),
+        beat = {"state": self.state, "host": socket.gethostname()[:255], "pid": os.getpid(),
                 "mark": list(self.mark)}
+        if self.lost is not None:
+            beat["lost"] = self.lost  # the peers end too, naming the same rank
+        return beat
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="hvd_balance.heartbeat",
@@ -145,6 +151,12 @@ class Heartbeat:
                     self.heard[sender] = (beat, time.monotonic())
                     self.ever.add(sender)
                     self._cond.notify_all()
+                lost = beat.get("lost")
+                if lost in self.heard and lost != sender and self.lost is None:
+                    # A peer found ``lost`` silent and ends: this rank says so now, before the
+                    # launcher's SIGTERM finds it in a collective.
+                    self._lose(lost, time.monotonic())
+                    return
 
     def _silent(self, now: float) -> bool:
         """Call ``on_lost`` for the peer silent longest past ``lost_s``, if any."""
@@ -159,10 +171,13 @@ class Heartbeat:
         silent = [(s, r) for s, r in silent if r in self.ever]
         if not silent:
             return False
-        silent_s, rank = max(silent)
-        self.lost = rank
-        self.on_lost(rank, self.heard[rank][0], silent_s)
+        self._lose(max(silent)[1], now)
         return True
+
+    def _lose(self, rank: int, now: float) -> None:
+        self.lost = rank
+        beat, at = self.heard[rank]
+        self.on_lost(rank, beat, now - at)
 
 
 def open_heartbeat(rank: int, size: int, gather: Callable[[object], List[object]],

@@ -24,14 +24,16 @@ def silent_job(nproc, mode, lightning=False):
 @pytest.mark.parametrize("nproc, lightning", [(2, False), (3, False), (2, True)])
 def test_a_frozen_rank_ends_every_other_rank_naming_it(nproc, lightning):
     """Rank 1 is stopped with SIGSTOP mid-epoch: every other rank prints rank 1, its host and
-    its silence, and exits non-zero within lost_s and a beat; torchrun reports the job failed."""
+    its silence, and exits non-zero within lost_s and a beat (the first to see it tells the
+    others, before torchrun's SIGTERM); torchrun reports the job failed."""
     run, _, ended = silent_job(nproc, "freeze", lightning)
     assert run.returncode != 0, run.stdout[-3000:]
     frozen = float(re.search(r"FROZEN rank 1 at ([\d.]+)", run.stdout).group(1))
     said = re.findall(r"hvd_balance: rank (\d+) \(\S+, pid \d+\) stops: rank 1 on (\S+) "
                       r"\(pid \d+\) has been silent for (\d+) s", run.stdout)
     assert sorted(int(r) for r, _, _ in said) == [r for r in range(nproc) if r != 1], run.stdout[-3000:]
-    assert all(host != "?" and LOST_S <= int(s) <= LOST_S + 2 for _, host, s in said), said
+    # Silent lost_s for the first rank to see it; the others hear its word at once.
+    assert all(host != "?" and LOST_S - 1 <= int(s) <= LOST_S + 2 for _, host, s in said), said
     assert ended - frozen < 3 * LOST_S + 15  # torchrun ends it once the frozen rank goes on
     assert "ChildFailedError" in run.stdout
 
