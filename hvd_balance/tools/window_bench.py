@@ -76,7 +76,7 @@ def main(argv=None) -> None:
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
-    hb.end_job() if hasattr(hb, "end_job") else dist.destroy_process_group()
+    hb.end_job()
 
 
 if __name__ == "__main__":

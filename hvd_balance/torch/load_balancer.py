@@ -562,7 +562,7 @@ class LoadBalancer:
                 and not getattr(model, "find_unused_parameters", False)
                 and not getattr(model, "static_graph", False)
                 and (watched or not getattr(model, "broadcast_buffers", False)
-                     or not any(True for _ in model.buffers()))
+                     or next(model.buffers(), None) is None)
                 and not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()))
 
     def _share_state(self, src: int, receivers: List[int], everything: bool) -> None:
