@@ -1,9 +1,9 @@
 """Authenticated datagrams between the ranks of one job: framework-free.
 
 The out-of-band channels (the stop notes, :mod:`hvd_balance.notice`; the watchdog's heartbeat,
-:mod:`hvd_balance.keras.watchdog`) send UDP datagrams beside the framework's collectives, where
-anyone who reaches a port could send one too. So a datagram is acted on only when it passes,
-in this order:
+:mod:`hvd_balance.keras.watchdog`; the torch edges' :mod:`hvd_balance.heartbeat`) send
+datagrams beside the framework's collectives. A datagram is acted on only when it passes, in
+this order:
 
 1. **its tag**: ``HMAC-SHA256(secret, payload)``, compared in constant time. The secret is 32
    random bytes (``secrets``) drawn by rank 0 when the channel opens and handed to every rank
@@ -11,17 +11,22 @@ in this order:
    so a datagram recorded from an earlier job, or from another channel, never verifies;
 2. **its header**: the payload names the channel, the sending rank (in ``[0, size)``, not this
    rank) and a counter, which must exceed the last one accepted from that rank (a replay, or
-   a copy that came by a second address, is dropped);
+   a second copy, is dropped);
 3. **its body's schema**: the caller's ``check(body, sender)``, before any listener sees it.
 
 A datagram that fails a check is dropped and counted (:attr:`Channel.dropped`, or
-:attr:`Channel.repeated` for an old counter); nothing else of the job changes. Sockets bind to the addresses the peers use: ``127.0.0.1`` when every rank
-shares this host's network (same kernel, same network namespace), else the local addresses
-that route to the peers on other hosts.
+:attr:`Channel.repeated` for an old counter); nothing else of the job changes.
+
+Before any of that, the kernel keeps strangers out (:func:`open_channel`): each rank has one
+socket per peer, connected to that peer's socket for it. A peer on this host gets a Unix
+datagram socket, named in a private directory only until both ends are connected; a peer on
+another host a UDP socket on the address that routes to it, which receives nothing from any
+other address or port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -30,6 +35,7 @@ import os
 import secrets
 import selectors
 import socket
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -38,6 +44,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 MAX_DATAGRAM = 16384
 # Characters a text field (a stop's reason, an error) holds at most once made printable.
 MAX_TEXT = 500
+# Seconds a send waits for a peer's full receive queue (Unix sockets; UDP drops instead).
+SEND_WAIT_S = 0.1
 _TAG = hashlib.sha256().digest_size
 
 Endpoint = Tuple[str, int]
@@ -134,32 +142,23 @@ class ChannelClosed(OSError):
 class Channel:
     """One rank's end of an authenticated datagram channel (see the module's docstring).
 
+    Each peer has a socket of its own, connected to that peer's socket for this rank, so the
+    kernel delivers to it only what that peer sends (:func:`open_channel` makes them).
+
     Args:
         name: the channel's name, signed into every datagram ("notice", "watchdog").
         secret: the job's key for this channel (bytes, the same on every rank).
         rank: this rank; size: the number of ranks.
-        bind: local addresses to listen on (one socket each, a free port).
         check: ``check(body, sender)``: whether a verified body is well formed.
     """
 
-    def __init__(self, name: str, secret: bytes, rank: int, size: int, bind: Sequence[str],
-                 check: Check):
+    def __init__(self, name: str, secret: bytes, rank: int, size: int, check: Check):
         self.name, self.rank, self.size = name, rank, size
         self._secret, self._check = secret, check
-        self.sockets, self._ready = [], selectors.DefaultSelector()  # epoll: any fd number
-        for address in bind:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            sock.bind((address, 0))
-            self.sockets.append(sock)
-            self._ready.register(sock, selectors.EVENT_READ)
-        self.endpoints: List[Endpoint] = [s.getsockname() for s in self.sockets]
-        # Sent from a socket of its own, where the kernel picks the source address for each
-        # route; on one host from the receiving one (a socket of its own would bind 0.0.0.0 at
-        # its first send: a port any address reaches).
-        local = bool(self.sockets) and all(a.startswith("127.") for a in bind)
-        self._out = self.sockets[0] if local else socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.targets: List[Endpoint] = []
-        self.peers: Dict[int, List[Endpoint]] = {}  # rank -> its endpoints (open_channel's)
+        self.routes: Dict[int, socket.socket] = {}  # peer rank -> the socket connected to it
+        self.transports: Dict[int, str] = {}        # peer rank -> "unix" or "udp"
+        self._ready = selectors.DefaultSelector()   # epoll: any fd number
+        self.targets: List[int] = []                # the peers sent to
         self.dropped = 0   # datagrams that failed the tag, the header or the schema
         self.repeated = 0  # verified datagrams with an old counter: replays, second copies
         self.closed = False
@@ -167,9 +166,23 @@ class Channel:
         self._sent = 0
         self._lock = threading.Lock()
 
-    def aim(self, targets: Sequence[Endpoint]) -> None:
-        """Send to ``targets`` (the peers' endpoints) from now on."""
-        self.targets = [(str(a), int(p)) for a, p in targets]
+    @property
+    def peers(self) -> List[int]:
+        """The ranks this channel reaches."""
+        return sorted(self.routes)
+
+    def add_route(self, peer: int, sock: socket.socket, transport: str = "unix") -> None:
+        """Reach ``peer`` through ``sock``, a datagram socket connected to it, and receive
+        what it sends there; it is sent to from now on."""
+        # A send waits this long at most for a full receiver (a frozen peer's Unix queue).
+        sock.settimeout(SEND_WAIT_S)
+        self.routes[peer], self.transports[peer] = sock, transport
+        self._ready.register(sock, selectors.EVENT_READ, peer)
+        self.targets = self.peers
+
+    def aim(self, ranks: Iterable[int]) -> None:
+        """Send to ``ranks`` alone from now on (the peers this channel reaches among them)."""
+        self.targets = [r for r in ranks if r in self.routes]
 
     def seal(self, body: Dict[str, Any]) -> bytes:
         """``body`` as one signed datagram, with this rank's next counter."""
@@ -179,14 +192,14 @@ class Channel:
         payload = json.dumps([self.name, self.rank, counter, body], allow_nan=False).encode()
         return hmac.new(self._secret, payload, hashlib.sha256).digest() + payload
 
-    def send(self, body: Dict[str, Any], targets: Optional[Sequence[Endpoint]] = None) -> None:
-        """Send ``body`` to every target (or to ``targets``); a dropped one is not retried here."""
+    def send(self, body: Dict[str, Any], ranks: Optional[Iterable[int]] = None) -> None:
+        """Send ``body`` to every target (or to ``ranks``); a dropped one is not retried here."""
         data = self.seal(body)
-        for target in self.targets if targets is None else targets:
+        for peer in self.targets if ranks is None else ranks:
             try:
-                self._out.sendto(data, target)
-            except OSError:
-                pass  # no route (a link down): the receiver notices the silence
+                self.routes[peer].send(data)
+            except (OSError, KeyError):
+                pass  # a peer gone, frozen or cut off: the receiver notices the silence
 
     def open(self, data: bytes) -> Optional[Tuple[int, Dict[str, Any]]]:
         """``(sender, body)`` if ``data`` passes every check, else None (counted)."""
@@ -229,8 +242,15 @@ class Channel:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self.closed:
             wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            for key, _ in self._ready.select(wait):
-                data, _ = key.fileobj.recvfrom(MAX_DATAGRAM + 1)
+            try:
+                ready = self._ready.select(wait)
+            except (OSError, ValueError):  # closed under us
+                break
+            for key, _ in ready:
+                try:
+                    data = key.fileobj.recv(MAX_DATAGRAM + 1)
+                except OSError:  # the peer's socket is gone (an ICMP error), or closed here
+                    continue
                 accepted = self.open(data)
                 if accepted is not None:
                     return accepted
@@ -242,7 +262,7 @@ class Channel:
         """Close the sockets; a :meth:`receive` running in another thread ends at its next
         datagram or timeout."""
         self.closed = True
-        for sock in self.sockets + [self._out]:
+        for sock in self.routes.values():
             sock.close()
 
 
@@ -250,29 +270,75 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def local_id() -> str:
+    """Equal for two processes exactly when they can reach each other's Unix sockets: the
+    kernel's boot id and the mount namespace (containers on one machine differ)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()}/{os.stat('/proc/self/ns/mnt').st_ino}"
+    except OSError:
+        return ""  # not Linux: UDP on loopback
+
+
 def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[Any]],
                  check: Check) -> Channel:
     """This rank's end of a new channel (a collective: every rank calls it at the same point).
 
     ``gather(value)`` is the framework's allgather of a picklable value (Horovod's, or
-    ``torch.distributed``'s), run twice: first each rank's network and addresses with rank 0's
-    new secret, then each rank's endpoints once bound.
+    ``torch.distributed``'s), run three times: each rank's host and addresses with rank 0's
+    new secret; the sockets it bound, one per peer; and that it connected them.
+
+    A peer that shares this host's files gets a Unix datagram socket, bound in a directory of
+    mode 0700 and unlinked once both ends are connected, so no other process can reach it; any
+    other peer a UDP socket bound to the address that routes to it and connected to its
+    socket, so the kernel drops a datagram from any other address or port.
     """
     own = own_addresses()
-    mine = {"network": network_id(), "addresses": own,
+    mine = {"local": local_id(), "network": network_id(), "addresses": own,
             "secret": secrets.token_hex(32) if rank == 0 else None}
     everyone = gather(mine)
-    remote = [a for r in everyone if r["network"] != mine["network"] for a in r["addresses"]]
-    bind = addresses_toward(remote, own) if remote else ["127.0.0.1"]
+    channel = Channel(name, bytes.fromhex(everyone[0]["secret"]), rank, size, check)
+    peers = [r for r in range(size) if r != rank]
+    unix = {r for r in peers if mine["local"] and everyone[r]["local"] == mine["local"]}
+    directory, bound, error = None, {}, None
     try:  # a rank that cannot bind says so in the next gather: no rank waits for it
-        channel, error = Channel(name, bytes.fromhex(everyone[0]["secret"]), rank, size, bind,
-                                 check), None
+        if unix:
+            directory = tempfile.mkdtemp(prefix="hvd_balance-")  # mode 0700, a random name
+        for r in peers:
+            if r in unix:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                sock.bind(os.path.join(directory, f"{name}-{r}"))
+            else:
+                loopback = everyone[r]["network"] == mine["network"]
+                address = "127.0.0.1" if loopback else \
+                    addresses_toward(everyone[r]["addresses"], own)[0]
+                sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind((address, 0))
+            bound[r] = sock
     except OSError as err:
-        channel, error = None, f"rank {rank} could not bind {bind}: {err}"
-    endpoints = gather(error or channel.endpoints)
-    errors = [e for e in endpoints if isinstance(e, str)]
+        error = f"rank {rank} could not bind its {name} sockets: {err}"
+    endpoints = gather(error or {r: s.getsockname() for r, s in bound.items()})
+    try:
+        _raise_errors(name, endpoints)
+        for r, sock in bound.items():  # the peer's socket for this rank
+            sock.connect(endpoints[r][rank] if r in unix else tuple(endpoints[r][rank]))
+            channel.add_route(r, sock, "unix" if r in unix else "udp")
+    except OSError as err:
+        error = f"rank {rank} could not connect its {name} sockets: {err}"
+    finally:
+        connected = gather(error)
+        for sock in bound.values():
+            if sock.family == socket.AF_UNIX:
+                with contextlib.suppress(OSError):
+                    os.unlink(sock.getsockname())
+        if directory:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+    _raise_errors(name, connected)
+    return channel
+
+
+def _raise_errors(name: str, gathered: List[Any]) -> None:
+    errors = [e for e in gathered if isinstance(e, str)]
     if errors:
         raise RuntimeError(f"hvd_balance: the {name} channel did not open: {'; '.join(errors)}")
-    channel.peers = {r: [tuple(e) for e in ends] for r, ends in enumerate(endpoints) if r != rank}
-    channel.aim([e for ends in channel.peers.values() for e in ends])
-    return channel

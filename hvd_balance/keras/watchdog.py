@@ -191,7 +191,7 @@ class _Heartbeats:
 
     def watch(self, ranks: List[int]) -> None:
         """Send to ``ranks`` from now on, and keep what comes in."""
-        self.channel.aim([e for r in ranks for e in self.channel.peers.get(r, [])])
+        self.channel.aim(ranks)
         self.started = time.monotonic()
         threading.Thread(target=self._receive, name="hvd_balance.watchdog.channel",
                          daemon=True).start()

@@ -353,20 +353,19 @@ def test_watchdog_names_a_peer_on_another_host_lost_over_the_network(dog):
     from hvd_balance import channel
     from hvd_balance.keras.watchdog import _Heartbeats
 
+    from support.channels import linked
+
     secret = b"k" * 32
-    dog.channel = _Heartbeats(channel.Channel("watchdog", secret, 0, 3, ["127.0.0.1"],
-                                              dog._is_record))
-    far = _Heartbeats(channel.Channel("watchdog", secret, 1, 3, ["127.0.0.1"],
-                                      lambda record, rank: True))
-    mute = channel.Channel("watchdog", secret, 2, 3, ["127.0.0.1"], lambda record, rank: True)
+    ends = linked([channel.Channel("watchdog", secret, 0, 3, dog._is_record),
+                   channel.Channel("watchdog", secret, 1, 3, lambda record, rank: True),
+                   channel.Channel("watchdog", secret, 2, 3, lambda record, rank: True)])
+    dog.channel, far, mute = _Heartbeats(ends[0]), _Heartbeats(ends[1]), ends[2]
     try:
         dog.lost_s = 1.0
         dog.remote = [{"rank": 1, "host": "far-host", "pid": 7},
                       {"rank": 2, "host": "mute-host", "pid": 8}]
         dog.peers = [dog.peers[0], *dog.remote]
-        dog.channel.channel.peers = {1: far.channel.endpoints, 2: mute.endpoints}
         dog.channel.watch([1, 2])
-        far.channel.peers = {0: dog.channel.channel.endpoints}
         far.watch([0])
         record = {"rank": 1, "job": dog.job, "host": "far-host", "pid": 7, "state": "running",
                   "error": "", "beat": 1, "time": time.time()}

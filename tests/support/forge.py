@@ -1,14 +1,15 @@
-"""A stranger on the same host: finds a job's UDP ports and floods them with forged datagrams.
+"""A stranger on the same host: finds a job's datagram sockets and floods them with forgeries.
 
 Usage::
 
     flood = Flood(size=2)
     flood.start()
     run = run_ranks(script, np=2, env=flood.env)   # the ranks carry flood.env's marker
-    stats = flood.stop()   # {"ports": [(address, port), ...], "sent": datagrams sent}
+    stats = flood.stop()   # {"ports": [(address, port), ...], "unix": [path, ...],
+                           #  "sent": datagrams the kernel took}
 
-It reads the ranks' sockets as any process of the same user can (psutil over /proc), and
-sends, every ``PERIOD_S`` until stopped (at most ``MAX_S`` seconds), every shape the channels
+It reads the ranks' sockets as any process of the same user can (psutil over /proc): their UDP
+ports and the names their Unix sockets were bound to, and sends to each, every ``PERIOD_S`` until stopped (at most ``MAX_S`` seconds), every shape the channels
 read: notes of both edges and the watchdog's status records, unsigned, with guessed tags,
 ranks and generations; garbage (not JSON, oversize, wrong types, NaN); and genuine datagrams
 signed by an earlier job. Every text it sends contains ``FORGED``. Loopback only.
@@ -58,14 +59,15 @@ def datagrams(size: int) -> List[bytes]:
             secrets.token_bytes(32) + b'["notice", 1, NaN, {"rank": NaN}]']
     for name in ("notice", "watchdog"):                                    # an earlier job's
         for rank in range(size):
-            earlier = channel.Channel(name, secrets.token_bytes(32), rank, size, [],
+            earlier = channel.Channel(name, secrets.token_bytes(32), rank, size,
                                       lambda body, sender: True)
             out += [earlier.seal(b) for b in bodies if b["rank"] == rank]
     return out
 
 
-def udp_ports(marker: str) -> List[Tuple[str, int]]:
-    """The bound UDP sockets of the processes whose environment carries ``marker``."""
+def sockets_of(marker: str, kind: str) -> List:
+    """The bound ``kind`` ("udp", "unix") sockets' addresses of the processes whose environment
+    carries ``marker``."""
     import psutil
 
     needle = f"{MARKER_VAR}={marker}".encode()
@@ -78,11 +80,12 @@ def udp_ports(marker: str) -> List[Tuple[str, int]]:
                 if needle not in f.read().split(b"\0"):
                     continue
             proc = psutil.Process(pid)
-            conns = proc.net_connections(kind="udp") if hasattr(proc, "net_connections") \
-                else proc.connections(kind="udp")
+            conns = proc.net_connections(kind=kind) if hasattr(proc, "net_connections") \
+                else proc.connections(kind=kind)
         except (OSError, psutil.Error):
             continue
-        found += [(c.laddr.ip, c.laddr.port) for c in conns if c.laddr]
+        found += [c.laddr if kind == "unix" else (c.laddr.ip, c.laddr.port)
+                  for c in conns if c.laddr and (kind != "unix" or c.type == socket.SOCK_DGRAM)]
     return found
 
 
@@ -92,6 +95,7 @@ class Flood:
         self.env = {MARKER_VAR: self.marker}
         self.size = size
         self.ports: List[Tuple[str, int]] = []
+        self.unix: List[str] = []
         self.sent = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -102,18 +106,24 @@ class Flood:
     def stop(self) -> Dict:
         self._stop.set()
         self._thread.join(30)
-        return {"ports": sorted(set(self.ports)), "sent": self.sent}
+        return {"ports": sorted(set(self.ports)), "unix": sorted(set(self.unix)),
+                "sent": self.sent}
 
     def _run(self) -> None:
         payloads = datagrams(self.size)
         deadline = time.monotonic() + MAX_S
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, \
+                socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as unix:
+            unix.setblocking(False)
             while not self._stop.wait(PERIOD_S) and time.monotonic() < deadline:
-                ports = udp_ports(self.marker)
+                ports, paths = sockets_of(self.marker, "udp"), sockets_of(self.marker, "unix")
                 self.ports += ports
-                for address, port in ports:
-                    target = ("127.0.0.1" if address in ("0.0.0.0", "127.0.0.1") else address, port)
-                    if not target[0].startswith("127."):
+                self.unix += paths
+                targets = [(unix, p) for p in paths] + [
+                    (udp, ("127.0.0.1" if a in ("0.0.0.0", "127.0.0.1") else a, port))
+                    for a, port in ports]
+                for sock, target in targets:
+                    if sock is udp and not target[0].startswith("127."):
                         continue  # loopback only
                     for data in payloads:
                         try:
@@ -121,3 +131,27 @@ class Flood:
                             self.sent += 1
                         except OSError:
                             pass
+
+
+def flood_ports(ports: List[Tuple[str, int]], seconds: float, size: int = channel.MAX_DATAGRAM,
+                ) -> int:
+    """Send ``size``-byte datagrams to ``ports`` in turn, as fast as this process can, for
+    ``seconds``; returns how many the kernel took."""
+    data, sent = b"\0" * size, 0
+    end = time.monotonic() + seconds
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        while time.monotonic() < end:
+            for port in ports:
+                try:
+                    sock.sendto(data, port)
+                    sent += 1
+                except OSError:
+                    pass  # an ICMP error from an earlier one: go on
+    return sent
+
+
+if __name__ == "__main__":  # python forge.py PORTS_JSON SECONDS: flood from another host
+    import sys
+
+    print(json.dumps({"sent": flood_ports([tuple(p) for p in json.loads(sys.argv[1])],
+                                          float(sys.argv[2]))}))

@@ -1,7 +1,9 @@
 """The authenticated datagram channel (hvd_balance.channel) and the notes' schema
 (hvd_balance.notice): what passes, what is dropped, and that a drop changes nothing."""
 
+import contextlib
 import json
+import os
 import secrets
 import threading
 import time
@@ -10,18 +12,15 @@ import numpy as np
 import pytest
 
 from hvd_balance import channel, notice
+from support.channels import linked
 
 SECRET = b"s" * 32
 NOTE = {"rank": 1, "fit": 1, "epoch": 0, "batch": 5, "steps": 20, "why": "its loss is nan"}
 
 
 def pair(name="notice", check=notice.check_note):
-    """Ranks 0 and 1 of a 2-rank channel on loopback, aimed at each other."""
-    a = channel.Channel(name, SECRET, 0, 2, ["127.0.0.1"], check)
-    b = channel.Channel(name, SECRET, 1, 2, ["127.0.0.1"], check)
-    a.aim(b.endpoints)
-    b.aim(a.endpoints)
-    return a, b
+    """Ranks 0 and 1 of a 2-rank channel, linked."""
+    return linked([channel.Channel(name, SECRET, r, 2, check) for r in (0, 1)])
 
 
 def test_a_genuine_datagram_arrives_with_its_sender():
@@ -36,15 +35,15 @@ def test_a_genuine_datagram_arrives_with_its_sender():
 
 
 def test_replays_older_counters_other_keys_and_other_channels_are_dropped():
-    a = channel.Channel("notice", SECRET, 0, 2, [], notice.check_note)
-    b = channel.Channel("notice", SECRET, 1, 2, [], notice.check_note)
+    a = channel.Channel("notice", SECRET, 0, 2, notice.check_note)
+    b = channel.Channel("notice", SECRET, 1, 2, notice.check_note)
     first, second = b.seal(NOTE), b.seal({**NOTE, "batch": 6})
     assert a.open(second) == (1, {**NOTE, "batch": 6})
     assert a.open(second) is None  # the same datagram again
     assert a.open(first) is None   # an older counter
-    earlier_job = channel.Channel("notice", secrets.token_bytes(32), 1, 2, [], notice.check_note)
+    earlier_job = channel.Channel("notice", secrets.token_bytes(32), 1, 2, notice.check_note)
     assert a.open(earlier_job.seal(NOTE)) is None
-    watchdog = channel.Channel("watchdog", SECRET, 1, 2, [], lambda body, sender: True)
+    watchdog = channel.Channel("watchdog", SECRET, 1, 2, lambda body, sender: True)
     assert a.open(watchdog.seal(NOTE)) is None  # signed for the other channel
     assert (a.dropped, a.repeated) == (2, 2)
     assert a.open(b.seal(NOTE)) == (1, NOTE)  # the sender's next note still passes
@@ -69,7 +68,7 @@ def signed(payload: bytes) -> bytes:
     signed(json.dumps({"notice": 1}).encode()),
 ])
 def test_garbage_and_forgeries_are_dropped(data):
-    a = channel.Channel("notice", SECRET, 0, 2, [], notice.check_note)
+    a = channel.Channel("notice", SECRET, 0, 2, notice.check_note)
     assert a.open(data) is None
     assert a.dropped == 1
 
@@ -112,8 +111,9 @@ def test_printable_escapes_control_characters_and_bounds_the_length():
     assert len(channel.printable("y" * 10_000)) == channel.MAX_TEXT
 
 
-def test_open_channel_binds_loopback_on_one_host_and_a_post_arrives_printable():
-    """Two ranks in threads, gathering through a barrier as a framework's allgather would."""
+def open_two(gathered_by=None):
+    """Ranks 0 and 1 opening a notice board in threads, gathering through a barrier as a
+    framework's allgather would."""
     gathered, barrier = {}, threading.Barrier(2)
 
     def gather_as(rank):
@@ -138,10 +138,21 @@ def test_open_channel_binds_loopback_on_one_host_and_a_post_arrives_printable():
         t.start()
     for t in threads:
         t.join(20)
-    a, b = boards
-    assert [e[0] for e in a.channel.endpoints + b.channel.endpoints] == ["127.0.0.1"] * 2
-    assert a.channel._secret == b.channel._secret and len(a.channel._secret) == 32
+    return boards, gathered
+
+
+def test_open_channel_links_ranks_of_one_host_by_unix_sockets_nobody_else_reaches():
+    import socket
+
+    (a, b), gathered = open_two()
     try:
+        assert a.channel.transports == {1: "unix"} and b.channel.transports == {0: "unix"}
+        assert a.channel._secret == b.channel._secret and len(a.channel._secret) == 32
+        path = a.channel.routes[1].getsockname()
+        assert path == gathered[(2, 0)][1] and not os.path.exists(os.path.dirname(path))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stranger:
+            with pytest.raises(OSError):  # the name is gone once both ends are connected
+                stranger.sendto(b"x" * 64, path)
         got = []
         a.listen(got.append)
         b.post({**NOTE, "why": "loss\nis nan\x07"})
@@ -158,7 +169,34 @@ def test_open_channel_binds_loopback_on_one_host_and_a_post_arrives_printable():
         time.sleep(0.3)
         assert len(got) == 2
     finally:
-        for board in boards:
+        for board in (a, b):
+            board.withdraw()
+            board.channel.close()
+
+
+def test_a_udp_route_takes_datagrams_from_its_peer_alone(monkeypatch):
+    """Peers that share no files (containers, hosts) talk UDP; the kernel drops what comes to a
+    rank's socket from any other address or port."""
+    import socket
+
+    monkeypatch.setattr(channel, "local_id", lambda: "")
+    (a, b), _ = open_two()
+    try:
+        assert a.channel.transports == {1: "udp"}
+        port = a.channel.routes[1].getsockname()
+        assert port[0] == "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+            for _ in range(100):
+                stranger.sendto(b"x" * 64, port)
+        got = []
+        a.listen(got.append)
+        b.post(NOTE)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [NOTE] and a.channel.dropped == 0  # the stranger's never reached it
+    finally:
+        for board in (a, b):
             board.withdraw()
             board.channel.close()
 
@@ -171,16 +209,14 @@ def test_addresses_toward_skips_loopback_and_shared_addresses():
 
 
 def test_receive_times_out_under_a_flood_and_a_closed_channel_says_so():
-    import socket
-
-    a = channel.Channel("notice", SECRET, 0, 2, ["127.0.0.1"], notice.check_note)
+    a, b = pair()
     stop = threading.Event()
 
-    def flood():
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            while not stop.is_set():
-                s.sendto(b"x" * 64, a.endpoints[0])
-                time.sleep(0.001)
+    def flood():  # garbage from the one socket that reaches ``a``: its peer's
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                b.routes[0].send(b"x" * 64)
+            time.sleep(0.001)
 
     threading.Thread(target=flood, daemon=True).start()
     try:
@@ -190,5 +226,6 @@ def test_receive_times_out_under_a_flood_and_a_closed_channel_says_so():
     finally:
         stop.set()
     a.close()
+    b.close()
     with pytest.raises(channel.ChannelClosed):
         a.receive(0.1)

@@ -1,4 +1,4 @@
-"""hvd_balance.heartbeat in one process: two ranks' channels on loopback."""
+"""hvd_balance.heartbeat in one process: two ranks' channels, linked."""
 
 import threading
 import time
@@ -6,17 +6,15 @@ import time
 import pytest
 
 from hvd_balance import channel, heartbeat
+from support.channels import linked
 
 SECRET = b"h" * 32
 
 
 def pair(lost_s, on_lost):
     """Ranks 0 and 1, each a started Heartbeat beating every 0.1 s."""
-    ends = [channel.Channel("heartbeat", SECRET, r, 2, ["127.0.0.1"], heartbeat.check_beat)
-            for r in (0, 1)]
-    for me, peer in ((0, 1), (1, 0)):
-        ends[me].peers = {peer: ends[peer].endpoints}
-        ends[me].aim(ends[peer].endpoints)
+    ends = linked([channel.Channel("heartbeat", SECRET, r, 2, heartbeat.check_beat)
+                   for r in (0, 1)])
     beats = [heartbeat.Heartbeat(e, lost_s, on_lost, interval_s=0.1) for e in ends]
     for b in beats:
         b.start()
@@ -76,9 +74,8 @@ def test_malformed_beats_are_refused(beat):
 def test_a_peer_never_heard_is_not_lost_but_warned_of_once(caplog):
     """UDP blocked between hosts: nothing ever came, so nothing can be said of a freeze."""
     lost = []
-    ends = [channel.Channel("heartbeat", SECRET, r, 2, ["127.0.0.1"], heartbeat.check_beat)
-            for r in (0, 1)]
-    ends[0].peers = {1: ends[1].endpoints}  # rank 1 never beats
+    ends = linked([channel.Channel("heartbeat", SECRET, r, 2, heartbeat.check_beat)
+                   for r in (0, 1)])  # rank 1 never beats
     a = heartbeat.Heartbeat(ends[0], 0.3, lambda *args: lost.append(args), interval_s=0.1)
     a.start()
     time.sleep(1.0)
