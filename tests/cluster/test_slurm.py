@@ -52,6 +52,7 @@ def _sbatch(slurm, *command, nodes=1, tasks_per_node=2, timeout=400, prefix=()):
     return done.returncode, job, (state / f"job-{job}.out").read_text()
 
 
+@pytest.mark.slow  # sbatch on two hosts (below) and examples/slurm_job.sh's test cover CI
 @pytest.mark.timeout(600)
 def test_sbatch_trains_with_the_plan_printed(slurm):
     rc, job, log = _sbatch(slurm, "python", "examples/train_digits.py", "--epochs", "1",

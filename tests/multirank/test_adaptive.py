@@ -2,8 +2,8 @@
 
 The structural facts (identical plans and decisions on every rank, equal steps, no sample lost
 or repeated) must hold in every run. The timing facts (when the plan changes, how balanced it
-gets) depend on a shared 2-core machine, so a scenario may run twice and must meet them in
-one of the two runs.
+gets) depend on a shared 2-core machine, so a scenario may run up to
+three times and must meet them in one of the runs.
 """
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from hvd_balance.core.controller import DEFAULT_THRESHOLD, first_plan_step
 from support import run_ranks
 
 SCRIPT = "tests/rank_scripts/drift_fit.py"
-ATTEMPTS = 2
+ATTEMPTS = 3
 
 
 def assert_consistent(per_rank, epochs):

@@ -23,6 +23,7 @@ RSS_GROWTH_MB = 50  # allowed growth of resident memory from epoch 5 to the end
 @pytest.mark.skipif(not can_emulate(), reason="needs root and a cgroup cpu controller")
 @pytest.mark.skipif("rebalance" not in inspect.signature(hvd_balance.LoadBalancer).parameters,
                     reason="waits for LoadBalancer(data, rebalance='epoch')")
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_fifty_epochs_with_rebalancing_and_changing_throttles_leak_and_drift_nothing():
     run = run_ranks(SCRIPT, np=2, cpu_shares=[1.0, 0.5], args=[EPOCHS], timeout=540,
