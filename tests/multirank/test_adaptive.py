@@ -68,7 +68,9 @@ def test_plan_follows_a_rank_that_slows_down():
                 return f"a plan kept against a predicted gain beyond the dead band: {history}"
         return None
 
-    per_rank = run_scenario([epochs, slow_from, 15, "epoch"], epochs, problems)
+    # 40 ms on steps of about 100 ms: 15 ms was inside the 10-17 % variation the controller
+    # measured on a busy machine, which rightly kept the plan in 3 runs of 3.
+    per_rank = run_scenario([epochs, slow_from, 40, "epoch"], epochs, problems)
     logs = per_rank[0]["logs"][-1]  # the telemetry reaches the Keras logs of every epoch
     assert {"rank0_busy_ms", "rank1_busy_ms", "rank1_local_batch", "balance_efficiency"} <= set(logs)
 

@@ -12,6 +12,7 @@ EXAMPLE = "examples/train_digits.py"
 ARGS = ["--epochs", "3", "--global-batch", "128", "--seed", "0"]
 
 
+@pytest.mark.slow  # accuracy after 3 epochs; the exactness tests prove the update itself
 @pytest.mark.timeout(600)
 def test_digits_two_unequal_ranks_match_single_process_accuracy(tmp_path):
     single = subprocess.run([sys.executable, EXAMPLE, *ARGS, "--json", str(tmp_path / "one.json")],

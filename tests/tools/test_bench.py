@@ -561,6 +561,7 @@ def test_smoke_benchmark_reports_every_figure(tmp_path):
 
 
 @needs_emulation
+@pytest.mark.slow  # the paired harness's full job (147 s here); the smoke run covers a job
 @pytest.mark.timeout(560)
 def test_a_paired_job_runs_each_plan_in_the_epochs_it_names(tmp_path):
     out = tmp_path / "paired.json"
