@@ -9,10 +9,11 @@ Usage::
                            #  "sent": datagrams the kernel took}
 
 It reads the ranks' sockets as any process of the same user can (psutil over /proc): their UDP
-ports and the names their Unix sockets were bound to, and sends to each, every ``PERIOD_S`` until stopped (at most ``MAX_S`` seconds), every shape the channels
-read: notes of both edges and the watchdog's status records, unsigned, with guessed tags,
-ranks and generations; garbage (not JSON, oversize, wrong types, NaN); and genuine datagrams
-signed by an earlier job. Every text it sends contains ``FORGED``. Loopback only.
+ports and the names their Unix sockets were bound to. It sends to each, every ``PERIOD_S``
+until stopped (at most ``MAX_S`` seconds), every shape the channels read: notes of both edges
+and the watchdog's status records, unsigned, with guessed tags, ranks and generations;
+garbage (not JSON, oversize, wrong types, NaN); and genuine datagrams signed by an earlier job.
+Every text it sends contains ``FORGED``. Loopback only.
 """
 
 from __future__ import annotations
