@@ -291,7 +291,8 @@ def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[A
     A peer that shares this host's files gets a Unix datagram socket, bound in a directory of
     mode 0700 and unlinked once both ends are connected, so no other process can reach it; any
     other peer a UDP socket bound to the address that routes to it and connected to its
-    socket, so the kernel drops a datagram from any other address or port.
+    socket, so the kernel drops a datagram from any other address or port. What a stranger
+    sent between the bind and the connect is discarded unread and counted as dropped.
     """
     own = own_addresses()
     mine = {"local": local_id(), "network": network_id(), "addresses": own,
@@ -322,6 +323,8 @@ def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[A
         _raise_errors(name, endpoints)
         for r, sock in bound.items():  # the peer's socket for this rank
             sock.connect(endpoints[r][rank] if r in unix else tuple(endpoints[r][rank]))
+            # The peer sends nothing before the last gather: what waits came from a stranger.
+            channel.dropped += _discard_waiting(sock)
             channel.add_route(r, sock, "unix" if r in unix else "udp")
     except OSError as err:
         error = f"rank {rank} could not connect its {name} sockets: {err}"
@@ -336,6 +339,20 @@ def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[A
                 os.rmdir(directory)
     _raise_errors(name, connected)
     return channel
+
+
+def _discard_waiting(sock: socket.socket) -> int:
+    """Read and discard the datagrams waiting on ``sock``; their number."""
+    sock.setblocking(False)
+    discarded = 0
+    while True:
+        try:
+            sock.recv(MAX_DATAGRAM + 1)
+            discarded += 1
+        except BlockingIOError:
+            return discarded
+        except OSError:  # an ICMP error queued on a UDP socket, reported once
+            continue
 
 
 def _raise_errors(name: str, gathered: List[Any]) -> None:

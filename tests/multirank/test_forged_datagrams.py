@@ -23,10 +23,11 @@ def test_forged_datagrams_change_nothing_and_print_nothing():
     assert sorted(results) == [0, 1], run.stdout[-3000:]
     for r in results.values():
         assert r["error"] is None and (r["epochs"], r["batches"]) == (2, 60), r
-        assert r["dropped"] == 0, (r["dropped"], stats)
     assert results[0]["max_diff"] < 1e-6, results[0]["max_diff"]  # one process, same batches
     for a, b in zip(results[0]["weights"], results[1]["weights"]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # One Unix socket per channel and rank (one peer each), their names gone: nothing to flood.
-    assert stats["ports"] == [] and len(stats["unix"]) == 4 and stats["sent"] == 0, stats
+    # One Unix socket per channel and rank (one peer each). What the stranger got in before
+    # they were connected (it runs as the same user here) was discarded unread.
+    assert stats["ports"] == [] and len(stats["unix"]) == 4, stats
+    assert sum(r["dropped"] for r in results.values()) == stats["sent"], (results, stats)
     assert "FORGED" not in run.stdout and "stopped" not in run.stdout, run.stdout[-3000:]

@@ -26,7 +26,8 @@ def test_weighted_update_equals_one_process_on_the_global_batch(sizes, syncbn):
 
 def test_forged_datagrams_change_nothing_and_print_nothing():
     """A stranger on the host tries to flood the ranks' channels while they train: it finds
-    no UDP port and no Unix socket it can write to; every step runs, the update stays exact."""
+    no UDP port, and a Unix socket only before it is connected; every step runs, the update
+    stays exact."""
     flood = Flood(size=2)
     flood.start()
     try:
@@ -39,9 +40,10 @@ def test_forged_datagrams_change_nothing_and_print_nothing():
     assert sorted(results) == [0, 1]
     for rank, r in results.items():
         assert len(r["diffs"]) == 40 and max(r["diffs"]) < 1e-9, r
-        assert r["dropped"] == 0, (r, stats)
-    # The notice and heartbeat channels: a Unix socket each per rank, their names gone.
-    assert stats["ports"] == [] and len(stats["unix"]) == 4 and stats["sent"] == 0, stats
+    # The notice and heartbeat channels: a Unix socket each per rank. What the stranger got in
+    # before they were connected (it runs as the same user here) was discarded unread.
+    assert stats["ports"] == [] and len(stats["unix"]) == 4, stats
+    assert sum(r["dropped"] for r in results.values()) == stats["sent"], (results, stats)
     assert "FORGED" not in run.stdout and "left its training loop" not in run.stdout
 
 

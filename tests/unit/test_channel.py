@@ -111,7 +111,7 @@ def test_printable_escapes_control_characters_and_bounds_the_length():
     assert len(channel.printable("y" * 10_000)) == channel.MAX_TEXT
 
 
-def open_two(gathered_by=None):
+def open_two(between_bind_and_connect=None):
     """Ranks 0 and 1 opening a notice board in threads, gathering through a barrier as a
     framework's allgather would."""
     gathered, barrier = {}, threading.Barrier(2)
@@ -124,6 +124,8 @@ def open_two(gathered_by=None):
             gathered[(calls[0], rank)] = value
             barrier.wait(10)
             out = [gathered[(calls[0], r)] for r in range(2)]
+            if between_bind_and_connect and calls[0] == 2 and rank == 0:
+                between_bind_and_connect(out)
             barrier.wait(10)
             return out
         return gather
@@ -168,6 +170,32 @@ def test_open_channel_links_ranks_of_one_host_by_unix_sockets_nobody_else_reache
         b.post({**NOTE, "epoch": "zero"})  # a bug: logged, not sent, not raised
         time.sleep(0.3)
         assert len(got) == 2
+    finally:
+        for board in (a, b):
+            board.withdraw()
+            board.channel.close()
+
+
+def test_what_a_stranger_sends_before_the_sockets_connect_is_discarded_unread():
+    import socket
+
+    def stranger(endpoints):  # each rank's bound sockets, by peer; both still unconnected
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            for bound in endpoints:
+                for path in bound.values():
+                    for _ in range(3):
+                        s.sendto(b"FORGED" * 10, path)
+
+    (a, b), _ = open_two(stranger)
+    try:
+        assert a.channel.dropped == b.channel.dropped == 3
+        got = []
+        a.listen(got.append)
+        b.post(NOTE)
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got == [NOTE] and a.channel.dropped == 3
     finally:
         for board in (a, b):
             board.withdraw()
