@@ -130,7 +130,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for rep in range(args.reps):
             for strategy in STRATEGIES:
                 out = os.path.join(tmp, f"{strategy}-{rep}.json")
-                cmd = [horovodrun, "-np", "2", "-H", "localhost:2", sys.executable, "-m",
+                cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-m",
                        "hvd_balance.drift_bench", "--worker", "--strategy", strategy,
                        "--epochs", str(args.epochs), "--steps", str(args.steps),
                        "--slow-from", str(args.slow_from), "--delay-ms", str(args.delay_ms),

@@ -73,6 +73,9 @@ ENV_CPU_SHARE = "HVD_BALANCE_CPU_SHARE"
 ENV_STEP_DELAY_MS = "HVD_BALANCE_STEP_DELAY_MS"
 # Read by hvd_balance.keras.telemetry.slowdown_factor (same name; this module is stdlib-only).
 ENV_SLOWDOWN = "HVD_BALANCE_SLOWDOWN"
+# horovodrun's controllers. Without one named it imports the framework twice, in new
+# processes, to learn which it was built with (about 6 s a job here), so the tools name Gloo.
+CONTROLLERS = {"--gloo", "--mpi", "--jsrun"}
 # The environment every emulated rank runs with (the benchmarks and the tests use it too): a
 # rank is pinned to one core, so one TensorFlow thread per pool and one OpenMP thread, and
 # TensorFlow's C++ log kept to warnings.
@@ -95,6 +98,12 @@ class EmulationError(RuntimeError):
 
 # ----------------------------------------------------------------------------------------
 # Arguments: pure functions, errors name the offending value.
+
+
+def with_controller(horovodrun_args: Sequence[str]) -> List[str]:
+    """``horovodrun_args`` with ``--gloo`` first unless they name a controller."""
+    args = [str(a) for a in horovodrun_args]
+    return args if CONTROLLERS & set(args) else ["--gloo", *args]
 
 
 def parse_cpu_shares(text: str) -> Tuple[float, ...]:
@@ -733,8 +742,8 @@ def _horovodrun_command(launch: _Launch, horovodrun: str, group_dir: str) -> Lis
                "--shares", ",".join(_fmt(s) for s in launch.shares),
                "--step-delay-ms", ",".join(_fmt(d) for d in launch.step_delays_ms),
                "--slowdown", ",".join(_fmt(k) for k in launch.slowdowns), "--"]
-    return [horovodrun, *launch.horovodrun_args, "-np", str(n), "-H", f"localhost:{n}",
-            *wrapper, *launch.command]
+    return [horovodrun, *with_controller(launch.horovodrun_args), "-np", str(n),
+            "-H", f"localhost:{n}", *wrapper, *launch.command]
 
 
 def _launch(argv: Sequence[str]) -> int:

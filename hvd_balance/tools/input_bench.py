@@ -213,7 +213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        "--batch", str(args.batch), "--epochs", str(args.epochs)]
                 if args.no_emulate:
                     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-                    cmd = [horovodrun, "-np", str(len(shares)), "-H", f"localhost:{len(shares)}", *job]
+                    cmd = [horovodrun, "--gloo", "-np", str(len(shares)), "-H", f"localhost:{len(shares)}", *job]
                 else:
                     cmd = [sys.executable, "-m", "hvd_balance.emulate", "--cpu-shares", args.shares,
                            "--", *job]

@@ -40,7 +40,7 @@ def test_a_host_added_and_one_removed_by_discovery_train_every_sample_once(clust
                       f"else printf 'hostA:1\\nhostB:1\\n'\nfi\n")
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     run = run_on(cluster3, "hostA", [
-        HOROVODRUN, "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+        HOROVODRUN, "--gloo", "-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
         script, PYTHON, SCRIPT, out, EPOCHS, "6,16"], timeout=480, env=ENV)
     assert run.returncode == 0, run.stdout[-5000:]
     timeline, committed, undone = audit(out)

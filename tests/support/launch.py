@@ -37,7 +37,7 @@ from typing import List, Mapping, Optional, Sequence, Union
 
 import pytest
 
-from hvd_balance.tools.emulate import RANK_ENV
+from hvd_balance.tools.emulate import RANK_ENV, with_controller
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -161,7 +161,7 @@ def run_ranks(script_or_cmd: Union[str, os.PathLike, Sequence[str]], np: int,
         rank_cmd += [str(a) for a in args]
         if cpu_shares is None:
             hosts = [] if HOST_OPTIONS & set(map(str, launcher_args)) else ["-H", f"localhost:{np}"]
-            cmd = [HOROVODRUN, "-np", str(np), *hosts, *map(str, launcher_args), *rank_cmd]
+            cmd = [HOROVODRUN, *with_controller(launcher_args), "-np", str(np), *hosts, *rank_cmd]
         else:
             cmd = [PYTHON, "-m", "hvd_balance.emulate",
                    "--cpu-shares", ",".join(str(float(s)) for s in cpu_shares), "-np", str(np),

@@ -446,6 +446,15 @@ def test_rank_wrapper_passes_the_slowdown_to_the_rank(monkeypatch):
     assert command[-2:] == ["python", "train.py"]
 
 
+def test_the_job_names_gloo_unless_the_user_names_a_controller():
+    launch = emulate._parse_launch(["--slowdown", "1,4", "--", "python", "train.py"])
+    assert emulate._horovodrun_command(launch, "horovodrun", "/x")[:2] == ["horovodrun", "--gloo"]
+    launch = emulate._parse_launch(["--slowdown", "1,4", "--horovodrun-args=--mpi -p 22", "--",
+                                    "python", "t.py"])
+    command = emulate._horovodrun_command(launch, "horovodrun", "/x")
+    assert command[:4] == ["horovodrun", "--mpi", "-p", "22"] and "--gloo" not in command
+
+
 def test_parse_cores_ranges():
     assert emulate.parse_cores("0-2,5,1") == (0, 1, 2, 5)
 
