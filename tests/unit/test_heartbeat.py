@@ -46,18 +46,24 @@ def test_a_peer_that_says_it_ended_is_not_lost():
 
 def test_wait_marks_returns_once_the_peer_reached_the_mark_and_raises_if_it_ended():
     a, b = pair(5.0, lambda *args: None)
-    threading.Timer(0.3, b.set_mark, args=((1, 2),)).start()
-    start = time.monotonic()
-    a.wait_marks([1], (1, 2))
-    assert 0.25 < time.monotonic() - start < 2.0
-    a.wait_marks([1], (1, 1))  # passed already: at once
-    flag = threading.Event()
-    threading.Timer(0.2, flag.set).start()
-    a.wait_marks([1], (1, 3), also=flag.is_set)  # the other way out
-    b.close()
-    with pytest.raises(heartbeat.PeerExited, match=r"rank\(s\) \[1\] ended"):
-        a.wait_marks([1], (1, 3))
-    a.close()
+    try:
+        deadline = time.monotonic() + 5
+        while 1 not in a.ever and time.monotonic() < deadline:  # a peer never heard is not
+            time.sleep(0.01)                                    # waited for
+        threading.Timer(0.3, b.set_mark, args=((1, 2),)).start()
+        start = time.monotonic()
+        a.wait_marks([1], (1, 2))
+        assert 0.25 < time.monotonic() - start < 2.0
+        a.wait_marks([1], (1, 1))  # passed already: at once
+        flag = threading.Event()
+        threading.Timer(0.2, flag.set).start()
+        a.wait_marks([1], (1, 3), also=flag.is_set)  # the other way out
+        b.close()
+        with pytest.raises(heartbeat.PeerExited, match=r"rank\(s\) \[1\] ended"):
+            a.wait_marks([1], (1, 3))
+    finally:
+        a.close()
+        b.close()
 
 
 @pytest.mark.parametrize("beat", [
