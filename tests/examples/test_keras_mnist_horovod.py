@@ -14,7 +14,8 @@ EXAMPLE = "examples/keras_mnist_horovod.py"
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", [pytest.param("--no-balance", marks=pytest.mark.default_stack),
+# --no-balance (plain Horovod's run of the example): a second run of it, in the long runs
+@pytest.mark.parametrize("mode", [pytest.param("--no-balance", marks=pytest.mark.slow),
                                   "balanced"])
 def test_keras_mnist_example_trains_and_every_rank_ends_with_the_same_weights(mode, tmp_path):
     args = ["--epochs", "2", "--warmup-epochs", "2", "--batch-size", "64",

@@ -140,6 +140,7 @@ def test_without_a_benchmark_rebalancing_is_required_and_caps_come_from_a_plan()
     assert not hvd_balance.LoadBalancer(data, benchmark=False, rebalance="epoch").benchmark
 
 
+@pytest.mark.default_stack  # the input pipeline's time: tf.data's, the same on every stack
 @pytest.mark.timeout(300)
 def test_by_default_the_first_plan_sees_the_real_input_cost():
     """Rank 1's input pipeline costs 4 ms a sample, which a benchmark (one loaded batch)
@@ -160,7 +161,8 @@ def test_by_default_the_first_plan_sees_the_real_input_cost():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("per_execution, at", [(1, 3), (2, 4)])
+@pytest.mark.parametrize("per_execution, at", [
+    (1, 3), pytest.param(2, 4, marks=pytest.mark.slow)])  # the same hold, 2 steps an execution
 def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_lost(per_execution, at):
     """No benchmark: ``at`` steps of equal batches (3, or the next multiple of the steps per
     execution, since Keras calls the hooks once an execution), then the plan from their busy

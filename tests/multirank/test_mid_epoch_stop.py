@@ -11,7 +11,9 @@ STOP_BATCH, STEPS = 5, 20  # tests/rank_scripts/mid_epoch_stop.py
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("kind,cause", [("callbacks", "callback"), ("balancer", "nan"),
+@pytest.mark.parametrize("kind,cause", [("callbacks", "callback"),
+                                        pytest.param("balancer", "nan",
+                                                     marks=pytest.mark.default_stack),
                                         # the balancer's path plus the out-of-band watchdog
                                         pytest.param("watchdog", "nan",
                                                      marks=pytest.mark.default_stack)])

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
 DELAY_MS = 5.0
 
 
+@pytest.mark.default_stack  # the step timer's view; the layer's stack conventions: _exact.py
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("variant", ["sync"])  # plain layers: test_bench.py
 def test_a_slow_rank_is_slow_to_the_step_timer_and_the_telemetry(variant):

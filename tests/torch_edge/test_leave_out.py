@@ -8,7 +8,9 @@ from support.torchrun import run_torchrun
 SCRIPTS = "tests/torch_edge/rank_scripts/"
 
 
-@pytest.mark.parametrize("nproc, syncbn", [(2, False), (3, False), (2, True), (3, True)])
+@pytest.mark.parametrize("nproc, syncbn", [  # the other two mixes: in the long runs
+    (2, False), pytest.param(3, False, marks=pytest.mark.slow),
+    pytest.param(2, True, marks=pytest.mark.slow), (3, True)])
 def test_a_rank_left_out_and_taken_back_keeps_the_update_exact(nproc, syncbn):
     """The last rank is out in epoch 1 (a scripted controller): its one probe step changes
     nothing, the others train on every step's B samples, and after it is taken back every

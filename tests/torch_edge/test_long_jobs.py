@@ -21,7 +21,8 @@ def silent_job(nproc, mode, lightning=False):
     return run, started, time.time()
 
 
-@pytest.mark.parametrize("nproc, lightning", [(2, False), (3, False), (2, True)])
+@pytest.mark.parametrize("nproc, lightning", [  # 2 ranks on the loop: in the long runs
+    pytest.param(2, False, marks=pytest.mark.slow), (3, False), (2, True)])
 def test_a_frozen_rank_ends_every_other_rank_naming_it(nproc, lightning):
     """Rank 1 is stopped with SIGSTOP mid-epoch: every other rank prints rank 1, its host and
     its silence, and exits non-zero within lost_s and a beat (the first to see it tells the

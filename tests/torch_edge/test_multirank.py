@@ -11,8 +11,9 @@ from support.torchrun import run_torchrun
 SCRIPTS = "tests/torch_edge/rank_scripts/"
 
 
-@pytest.mark.parametrize("sizes, syncbn", [("7,1", False), ("5,1,10", False), ("7,1", True),
-                                           ("5,1,10", True)])
+@pytest.mark.parametrize("sizes, syncbn", [  # the other two mixes: in the long runs
+    ("7,1", False), pytest.param("5,1,10", False, marks=pytest.mark.slow),
+    pytest.param("7,1", True, marks=pytest.mark.slow), ("5,1,10", True)])
 def test_weighted_update_equals_one_process_on_the_global_batch(sizes, syncbn):
     run = run_torchrun(SCRIPTS + "exact_update.py", nproc=len(sizes.split(",")), timeout=150,
                        args=[sizes] + (["syncbn"] if syncbn else []))
