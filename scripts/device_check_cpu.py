@@ -130,9 +130,9 @@ def analyse(cores_per_rank: Sequence[int], cfg: Dict, raw: Dict) -> Dict:
         if name == "load_balancer":
             entry["start_cost_s"] = summary([r["epoch_s"][0] - r["epoch_s"][-1] for r in runs])
             windows = [r["history"][-1] for r in runs if r.get("history")]
-            entry["efficiency"] = summary([
-                sum(w["busy_s"]) / len(w["busy_s"]) / max(w["step_s"]) for w in windows
-                if all(s is not None for s in w["step_s"])] or [float("nan")])
+            entry["efficiency"] = summary([  # the ranks' mean busy share of the step
+                sum(w["busy_ms"]) / len(w["busy_ms"]) / w["step_ms"] for w in windows
+                if w["step_ms"] and None not in w["busy_ms"]] or [float("nan")])
         row["strategies"][name] = entry
     return row
 

@@ -15,9 +15,10 @@ from .stop_agreement import StopAgreementMixin
 from .data import BalancedData
 from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
-from ..core.busy import balance_efficiency, robust_busy
+from ..core.busy import robust_busy
 from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window, first_plan_step
 from ..core.plan import Plan
+from ..core.window_record import record_decision, window_record, window_step_s
 
 PLAN_ENV = "HVD_BALANCE_PLAN"
 
@@ -55,11 +56,11 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     Attributes:
         plan: the :class:`Plan` in force, identical on every rank.
-        history: one dict per window, the same on every rank: ``epoch``, ``step``, ``decision``
-            (``"kept"``, ``"switched"``, ``"reverted"``; ``None``: none made), ``leave_out``
-            (the ranks the job would be faster without, or ``None``), ``predicted_ms``,
-            ``step_ms`` (measured), ``variation``, ``efficiency``, ``batch_sizes`` (after it),
-            ``busy_ms``, ``busy_rse``.
+        history: one dict per window, the same on every rank and on every edge
+            (:mod:`hvd_balance.core.window_record`): the plan it ran (``batch_sizes``), each
+            rank's ``busy_ms`` and ``wait_ms``, the ``step_ms`` measured, the ``decision``
+            (``"kept"``, ``"switched"``, ``"reverted"``; ``None``: none made) with its
+            ``predicted_ms``, and the plan after it (``next_batch_sizes``).
 
     Example:
         ```python
@@ -177,17 +178,13 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         """One window's decision, its plan in force from ``step`` (``first_steps``: the
         window of the first real steps, whose step is no baseline and whose plan is printed)."""
         busy, steps = [w["busy_s"] for w in window], [w["step_s"] for w in window]
-        step_s = None if first_steps or None in steps else float(np.median(steps))
-        record = {"epoch": self._epoch, "step": step, "decision": None, "leave_out": None,
-                  "predicted_ms": None,
-                  "step_ms": None if step_s is None else round(1e3 * step_s, 2), "variation": None,
-                  "efficiency": None, "batch_sizes": list(self.plan.batch_sizes),
-                  "busy_ms": [None if b is None else 1e3 * b for b in busy],
-                  "busy_rse": [w["busy_rse"] for w in window]}
+        record = window_record(self._epoch, step, self.plan.batch_sizes, busy,
+                               [w["wait_s"] for w in window], steps,
+                               [w["busy_rse"] for w in window], first=first_steps)
         self.history.append(record)
+        step_s = None if record["step_ms"] is None else window_step_s(steps)
         if not all(b is not None and b > 0 for b in busy):
             return
-        record["efficiency"] = balance_efficiency(busy)
         min_samples = self._first_at - 1 if first_steps else MIN_SAMPLES
         if self.rebalance == "off" or min(w["busy_n"] for w in window) < min_samples:
             return
@@ -195,11 +192,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         # decided on rank 0 and handed to every rank with the state after it
         decision, self._controller = collective.agree(
             lambda: self._controller.next(self.plan, measured), name="hvd_balance.rebalance")
-        record.update(decision=decision.decision, variation=decision.variation,
-                      predicted_ms=(None if decision.predicted_s is None
-                                    else round(1e3 * decision.predicted_s, 2)),
-                      batch_sizes=list(decision.plan.batch_sizes),
-                      leave_out=self._tell(decision.leave_out))
+        record_decision(record, decision.decision, decision.predicted_s, decision.variation,
+                        decision.plan.batch_sizes, self._tell(decision.leave_out))
         self._apply(decision.plan, step)
         if self.verbose and collective.rank() == 0 and (first_steps or decision.decision != "kept"):
             print(decision.plan.table() if first_steps else

@@ -25,6 +25,7 @@ from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, PRIOR_VARIATION, C
 from ..core.leave_out import regrouped
 from ..core.memory_caps import check_caps_feasible, resolve_max_batch_sizes
 from ..core.plan import Plan
+from ..core.window_record import record_decision, window_record, window_step_s
 from ..core.planner import plan_batches
 from .memory_probe import probe_max_batch
 
@@ -126,8 +127,10 @@ class LoadBalancer:
 
     Attributes:
         plan: the plan in force at the current step (the same on every rank).
-        history: one dict per window (epoch, step, decision, batch sizes, busy and wait,
-            ``leave_out``: the ranks the job would be faster without, or ``None``).
+        history: one dict per window, the same on every rank and as on the TensorFlow edge
+            (:mod:`hvd_balance.core.window_record`): the plan it ran (``batch_sizes``), each
+            rank's ``busy_ms`` and ``wait_ms``, the ``step_ms`` measured, the ``decision`` with
+            its ``predicted_ms``, the plan after it (``next_batch_sizes``) and ``leave_out``.
         stopped: ``None``, or who left the loop first: rank, epoch, step, steps, why.
         takes_plan: the class that rank 0's advice to leave ranks out names as the reader of
             its plan file (``"LoadBalancer"``; the Lightning strategy's own name there).
@@ -482,33 +485,34 @@ class LoadBalancer:
         if apply >= self.sampler.steps:
             apply = self.sampler.steps
 
+        record = window_record(self.sampler.epoch, apply if apply < self.sampler.steps else 0,
+                               plan_now.batch_sizes, [g["busy_s"] for g in gathered],
+                               [g["wait_s"] for g in gathered], [g["step_s"] for g in gathered],
+                               [g["noise"] for g in gathered], first=first)
+
         def decide():
             if any(g["busy_s"] is None for g in gathered):
                 return None  # a rank without a counted step: nothing to decide on
-            steps = [float(g["step_s"]) for g in gathered if g["step_s"] is not None]
             window = Window(batch_sizes=tuple(g["batch"] for g in gathered),
                             busy_s=tuple(float(g["busy_s"]) for g in gathered),
                             noise=tuple(g["noise"] for g in gathered),
-                            step_s=None if first or not steps else max(steps),
+                            step_s=None if first else window_step_s(
+                                [g["step_s"] for g in gathered]),
                             left_out=plan_now.left_out,
                             may_leave_out=self._can_leave_out and epoch_end
                             and self._steps_run >= 2)
             decision, self._controller = self._controller.next(plan_now, window)
             return {"plan": decision.plan.to_dict(), "decision": decision.decision,
                     "predicted_s": decision.predicted_s, "measured_s": decision.measured_s,
+                    "variation": decision.variation,
                     "leave_out": getattr(decision, "leave_out", None)}
         outcome = distributed.agree(decide, "hvd_balance.torch.LoadBalancer decision")
-        record = {"epoch": self.sampler.epoch, "step": finished, "apply_step": apply,
-                  "batch_sizes": list(plan_now.batch_sizes),
-                  "busy_s": [g["busy_s"] for g in gathered],
-                  "wait_s": [g["wait_s"] for g in gathered],
-                  "step_s": [g["step_s"] for g in gathered],
-                  "decision": None if outcome is None else outcome["decision"],
-                  "predicted_s": None if outcome is None else outcome["predicted_s"],
-                  "leave_out": self._tell(None if outcome is None else outcome["leave_out"])}
+        new = plan_now if outcome is None else Plan.from_dict(outcome["plan"])
+        if outcome is not None:
+            record_decision(record, outcome["decision"], outcome["predicted_s"],
+                            outcome["variation"], new.batch_sizes, self._tell(outcome["leave_out"]))
         self.history.append(record)
         self._since_window = 0
-        new = plan_now if outcome is None else Plan.from_dict(outcome["plan"])
         if new.left_out != plan_now.left_out or (epoch_end and plan_now.left_out):
             self._regroup(plan_now, new, epoch_end)
             if new.left_out != plan_now.left_out and self.verbose and self.rank == 0:

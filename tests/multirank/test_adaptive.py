@@ -52,7 +52,7 @@ def test_plan_follows_a_rank_that_slows_down():
         if not changes or changes[0]["epoch"] > slow_from + 1:  # within two epochs
             return f"no change within two epochs of the slowdown: {history}"
         first = changes[0]
-        if first["batch_sizes"][1] >= history[slow_from - 1]["batch_sizes"][1]:
+        if first["next_batch_sizes"][1] >= history[slow_from - 1]["next_batch_sizes"][1]:
             return f"rank 1 did not get less work: {history}"
         # The steps after it are shorter than the step of the window that saw the slowdown,
         # and every later window kept its plan only where the controller predicted no gain
@@ -103,7 +103,7 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
         first = history[0] if history else None
         if not first or first["step"] != first_plan_step(16):
             return f"no decision on the first steps: {history}"
-        if first["decision"] == "switched" and plans[0][first_plan_step(16)] != first["batch_sizes"]:
+        if first["decision"] == "switched" and plans[0][first_plan_step(16)] != first["next_batch_sizes"]:
             return f"the first steps' plan did not apply from step 3: {plans[0]}"
         last = plans[-1][-1]
         if not last[0] > last[1]:
@@ -134,9 +134,9 @@ def test_a_switch_that_lengthens_the_step_is_reverted_and_not_tried_again():
     a, b = per_rank[0], per_rank[1]
     assert a["history"] == b["history"] and a["plans"] == b["plans"]
     first, undo, *later = a["history"]
-    assert first["decision"] == "switched" and first["batch_sizes"][1] > 64, first
-    assert undo["decision"] == "reverted" and undo["batch_sizes"] == [192, 64], undo
+    assert first["decision"] == "switched" and first["next_batch_sizes"][1] > 64, first
+    assert undo["decision"] == "reverted" and undo["next_batch_sizes"] == [192, 64], undo
     assert undo["step_ms"] > 1.3 * first["step_ms"], (first, undo)  # about 2x: 384 against 192 ms
     assert undo["predicted_ms"] == pytest.approx(first["step_ms"])  # the step it goes back to
     assert [h["decision"] for h in later] == ["kept", "kept"], later  # remembered: no swing back
-    assert a["plans"] == [[192, 64], first["batch_sizes"], [192, 64], [192, 64]]
+    assert a["plans"] == [[192, 64], first["next_batch_sizes"], [192, 64], [192, 64]]

@@ -157,7 +157,7 @@ def test_by_default_the_first_plan_sees_the_real_input_cost():
     assert (history[0]["epoch"], history[0]["step"]) == (0, 3), history
     switched = [k for k, h in enumerate(history) if h["decision"] == "switched"]
     assert switched and switched[0] <= 1, history
-    assert history[switched[0]]["batch_sizes"][1] < 0.75 * first[1], (first, history)
+    assert history[switched[0]]["next_batch_sizes"][1] < 0.75 * first[1], (first, history)
 
 
 @pytest.mark.timeout(300)
@@ -179,7 +179,7 @@ def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_
     first = r0["history"][0]
     assert (first["epoch"], first["step"], first["decision"]) == (0, at, "switched")
     assert first["step_ms"] is None  # the first steps' step is no baseline to judge against
-    b0, b1 = first["batch_sizes"]
+    b0, b1 = first["next_batch_sizes"]
     # 4 ms against 1 ms a sample, plus each step's own overhead on both ranks
     busy0, busy1 = first["busy_ms"]
     assert busy1 > 1.8 * busy0, first  # clearly slower; the plan is checked against them below

@@ -50,5 +50,5 @@ def test_fifty_epochs_with_rebalancing_and_changing_throttles_leak_and_drift_not
     # Rebalancing was on: one decision at every epoch end, taken alike on every rank. (Whether
     # the plan changes depends on the machine's noise, see tests/multirank/test_adaptive.py for that.)
     assert [h["epoch"] for h in a["history"]] == list(range(EPOCHS))
-    changes = [(h["epoch"], h["batch_sizes"]) for h in a["history"] if h["decision"] in ("switched", "reverted")]
+    changes = [(h["epoch"], h["next_batch_sizes"]) for h in a["history"] if h["decision"] in ("switched", "reverted")]
     print(f"plan changes (epoch, batches): {changes}")

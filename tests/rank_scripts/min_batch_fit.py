@@ -60,7 +60,7 @@ def fit(benchmark_batches=(8, 16), **balancer):
         warnings.simplefilter("always")
         model.fit(data, epochs=2, verbose=0,
                   callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), cb])
-    return {"plan": cb.plan.to_dict(), "history": [h["batch_sizes"] for h in cb.history],
+    return {"plan": cb.plan.to_dict(), "history": [h["next_batch_sizes"] for h in cb.history],
             "local_batch": data.local_batch_size,
             "warnings": [str(w.message) for w in caught if issubclass(w.category, SmallBatchWarning)]}
 

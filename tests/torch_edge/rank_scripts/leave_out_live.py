@@ -48,6 +48,7 @@ rank0 = weights.clone()
 dist.broadcast(rank0, 0)
 emit({"rank": rank, "plans": plans, "epoch_s": epoch_s,
       "differs": float((weights - rank0).abs().max()),
-      "history": [{k: h[k] for k in ("epoch", "step", "batch_sizes", "decision", "busy_s", "step_s", "predicted_s")}
+      "history": [{k: h[k] for k in ("epoch", "step", "batch_sizes", "decision", "busy_ms",
+                                     "step_ms", "predicted_ms")}
                   for h in balancer.history]})
 finish()
