@@ -90,8 +90,8 @@ class BalancedDDPStrategy(DDPStrategy):
             number of ranks.
         seed: the shuffle seed; default: ``seed_everything``'s (``PL_GLOBAL_SEED``), else 0.
         plan, rebalance, threshold, save_plan, verbose, max_batch_size, probe_input,
-            controller: as :class:`~hvd_balance.torch.LoadBalancer`'s (a plan, windows,
-            memory caps).
+            controller, history_file: as :class:`~hvd_balance.torch.LoadBalancer`'s (a plan,
+            windows, memory caps, the run record).
         **ddp_kwargs: Lightning's ``DDPStrategy`` arguments (``process_group_backend``,
             ``timeout``, DDP's own keyword arguments); not a communication hook, the
             strategy registers its own.
@@ -122,7 +122,8 @@ class BalancedDDPStrategy(DDPStrategy):
     def __init__(self, global_batch_size: Optional[int] = None, *, seed: Optional[int] = None,
                  plan=None, rebalance=None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, max_batch_size=None,
-                 probe_input=None, controller=None, **ddp_kwargs: Any):
+                 probe_input=None, controller=None, history_file: Optional[str] = None,
+                 **ddp_kwargs: Any):
         if ddp_kwargs.get("ddp_comm_hook") is not None:
             raise TypeError("BalancedDDPStrategy registers its own DDP communication hook (a "
                             f"sum); got ddp_comm_hook={ddp_kwargs['ddp_comm_hook']!r}")
@@ -132,7 +133,7 @@ class BalancedDDPStrategy(DDPStrategy):
         self._balancer_kwargs = dict(plan=plan, rebalance=rebalance, threshold=threshold,
                                      save_plan=save_plan, verbose=verbose,
                                      max_batch_size=max_batch_size, probe_input=probe_input,
-                                     controller=controller)
+                                     controller=controller, history_file=history_file)
         self.balancer: Optional[LoadBalancer] = None
         self._in_training_step = False
 
@@ -181,6 +182,7 @@ class BalancedDDPStrategy(DDPStrategy):
             sampler = BalancedBatchSampler(dataloader.dataset, global_batch, seed=seed)
             self.balancer = LoadBalancer(self.model, sampler, guard=False, **self._balancer_kwargs)
             self.balancer.takes_plan = type(self).__name__
+            self.balancer.record_edge = "lightning"
         kept = {k: getattr(dataloader, k) for k in _LOADER_KEPT if hasattr(dataloader, k)}
         if dataloader.num_workers > 0:
             kept["prefetch_factor"] = dataloader.prefetch_factor

@@ -124,7 +124,7 @@ def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False, 
     if balancer is not None:
         out["final_plan"] = list(balancer.plan.batch_sizes)
         out["left_out"] = [i for i, b in enumerate(out["final_plan"]) if b == 0]
-        out["history"] = [{k: h[k] for k in ("epoch", "step", "batch_sizes", "busy_s", "step_s",
+        out["history"] = [{k: h[k] for k in ("epoch", "step", "batch_sizes", "busy_ms", "step_ms",
                                              "decision")} for h in balancer.history]
     return out
 

@@ -17,7 +17,8 @@ from .step_timer import BENCHMARK_REPEATS
 from .optimizer import backward_passes_of, gradient_weight_of, telemetry_of
 from ..core.busy import robust_busy
 from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, Controller, Window, first_plan_step
-from ..core.plan import Plan
+from ..core import run_record
+from ..core.plan import Plan, versions
 from ..core.window_record import record_decision, window_record, window_step_s
 
 PLAN_ENV = "HVD_BALANCE_PLAN"
@@ -52,6 +53,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
             steps (``segment_steps`` of ``data`` dividing ``K``; in force ``K`` steps later).
         threshold: a switch's margin beyond the measured variation, a fraction of the step (0.03).
         save_plan: optional YAML path where rank 0 writes the plan (again after each change).
+        history_file: optional JSON-lines path where rank 0 appends a line for the job and one
+            for each window, flushed as written (default ``$HVD_BALANCE_HISTORY``;
+            :mod:`hvd_balance.core.run_record`).
         verbose: 1 prints the plan table on rank 0 and each switch, 0 is silent.
 
     Attributes:
@@ -78,7 +82,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                  benchmark_batches: Optional[Sequence[int]] = None,
                  repeats: Optional[int] = None, rebalance: Union[str, int, None] = None,
                  threshold: float = DEFAULT_THRESHOLD,
-                 save_plan: Optional[str] = None, verbose: int = 1):
+                 save_plan: Optional[str] = None, verbose: int = 1,
+                 history_file: Optional[str] = None):
         super().__init__()
         options.check_arguments(data, rebalance, benchmark, max_batch_size, threshold)
         self.data = data
@@ -91,6 +96,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self.repeats = BENCHMARK_REPEATS if repeats is None else repeats
         self._benchmark_options = benchmark_batches is not None or repeats is not None
         self.threshold, self.save_plan, self.verbose = threshold, save_plan, verbose
+        self.history_file = history_file
+        self._record: Optional[run_record.RunRecord] = None
         self.plan: Optional[Plan] = None
         self.history: List[dict] = []  # one dict per window, the same on every rank
 
@@ -127,6 +134,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 data.hold_at(at)
                 self._first_at = at
         self._controller = Controller(self.threshold, self.method)
+        # Every rank's host and device for the record (a given plan may not name them).
+        named = self.plan if self.plan.hosts else plan_sync.equal_start(data)
+        self._where = (named.hosts, named.devices)
+        self._record = collective.all_ok(self._open_record, name="hvd_balance.history_file")
         if self.verbose and collective.rank() == 0:
             print(plan.table() if self._first_at is None else
                   f"hvd_balance: equal batches for the first {self._first_at} steps, "
@@ -174,7 +185,25 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
                 "local_batch": self.plan.batch_sizes[self.data.rank]}
         return collective.allgather_object(mine, name="hvd_balance.keras.telemetry")
 
+    def _open_record(self) -> Optional[run_record.RunRecord]:
+        """Rank 0's run record with the job's line, if one is asked for."""
+        path = run_record.history_path(self.history_file)
+        if not path or collective.rank() != 0:
+            return None
+        record = run_record.RunRecord(path)
+        record.start({"edge": "keras", "world_size": collective.size(),
+                      "global_batch_size": self.data.global_batch_size,
+                      "hosts": list(self._where[0]), "devices": list(self._where[1]),
+                      "versions": versions()})
+        return record
+
     def _replan(self, window, step: int, first_steps: bool = False) -> None:
+        """One window's record and decision (:meth:`_decide`), on rank 0 also in the run's."""
+        self._decide(window, step, first_steps)
+        if self._record is not None:
+            self._record.window(self.history[-1], *self._where)
+
+    def _decide(self, window, step: int, first_steps: bool = False) -> None:
         """One window's decision, its plan in force from ``step`` (``first_steps``: the
         window of the first real steps, whose step is no baseline and whose plan is printed)."""
         busy, steps = [w["busy_s"] for w in window], [w["step_s"] for w in window]
@@ -255,4 +284,7 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.data.release()
+        if self._record is not None:
+            self._record.close()
+            self._record = None
         self._stop_train_end()

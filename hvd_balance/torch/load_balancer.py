@@ -24,7 +24,8 @@ from ..core.busy import robust_busy
 from ..core.controller import DEFAULT_THRESHOLD, MIN_SAMPLES, PRIOR_VARIATION, Controller, Window
 from ..core.leave_out import regrouped
 from ..core.memory_caps import check_caps_feasible, resolve_max_batch_sizes
-from ..core.plan import Plan
+from ..core import run_record
+from ..core.plan import Plan, versions
 from ..core.window_record import record_decision, window_record, window_step_s
 from ..core.planner import plan_batches
 from .memory_probe import probe_max_batch
@@ -92,6 +93,9 @@ class LoadBalancer:
             steps), or ``"off"``. Default: ``"off"`` with a given plan, else ``"epoch"``.
         threshold: the controller's margin over the measured noise (fraction of the step).
         save_plan: optional YAML path; rank 0 writes the plan there (again at each change).
+        history_file: optional JSON-lines path; rank 0 appends a line for the job and one for
+            each window there, flushed as written (default ``$HVD_BALANCE_HISTORY``;
+            :mod:`hvd_balance.core.run_record`).
         verbose: 1 logs the plan table on rank 0 at each change, 0 is silent.
         controller: the decision maker (default ``Controller(threshold)``); anything with
             ``next(plan, window) -> (decision, controller)``.
@@ -161,13 +165,15 @@ class LoadBalancer:
     """
 
     takes_plan = "LoadBalancer"
+    record_edge = "torch"  # the run record's name of the edge (Lightning, Keras on torch: theirs)
 
     def __init__(self, model: torch.nn.Module, sampler: BalancedBatchSampler, *, plan=None,
                  rebalance: Union[str, int, None] = None, threshold: float = DEFAULT_THRESHOLD,
                  save_plan: Optional[str] = None, verbose: int = 1, controller=None,
                  telemetry: Optional[StepTelemetry] = None, max_batch_size=None,
                  probe_input=None, guard: bool = True, optimizer=None, stateful=(),
-                 share_state=None, lost_s: Optional[float] = None):
+                 share_state=None, lost_s: Optional[float] = None,
+                 history_file: Optional[str] = None):
         self.model, self.sampler, self.optimizer = model, sampler, optimizer
         self._share_state_fn = share_state
         self.stateful = list(stateful)
@@ -275,6 +281,8 @@ class LoadBalancer:
         self._pending_apply: Optional[int] = None  # a decided plan's first step, not reached yet
         self._save(start)
         self._report(start, "start")
+        self._where = (hosts, devices)
+        self._record = self._open_record(history_file)
         # Every step runs a gradient sum the guard can replay: the hook's, or the caller's.
         self._guard = (stop_guard.StopGuard(sampler, self._position)
                        if guard and (self._hooked or self._caller_sums) and self.world_size > 1
@@ -284,6 +292,24 @@ class LoadBalancer:
 
     def _make_controller(self):
         return Controller(threshold=self._threshold)
+
+    def _open_record(self, history_file) -> Optional[run_record.RunRecord]:
+        """Rank 0's run record, if one is asked for; a path that cannot be opened, or is no
+        path, fails on every rank."""
+        def open_record():
+            path = run_record.history_path(history_file)
+            return run_record.RunRecord(path) if path and self.rank == 0 else None
+        return distributed.all_ok(open_record, "hvd_balance.torch.LoadBalancer(history_file=)")
+
+    def _write_record(self, record: Dict[str, Any]) -> None:
+        if self._record is None:
+            return
+        if not self._record.started:  # the edge is known once the strategy has set it
+            self._record.start({"edge": self.record_edge, "world_size": self.world_size,
+                                "global_batch_size": self.sampler.global_batch_size,
+                                "hosts": list(self._where[0]), "devices": list(self._where[1]),
+                                "versions": versions()})
+        self._record.window(record, *self._where)
 
     def _caps(self, max_batch_size, probe_input, model, devices, global_batch_size):
         """Every rank's cap in samples (``None``: uncapped), the same on every rank; errors
@@ -512,6 +538,7 @@ class LoadBalancer:
             record_decision(record, outcome["decision"], outcome["predicted_s"],
                             outcome["variation"], new.batch_sizes, self._tell(outcome["leave_out"]))
         self.history.append(record)
+        self._write_record(record)
         self._since_window = 0
         if new.left_out != plan_now.left_out or (epoch_end and plan_now.left_out):
             self._regroup(plan_now, new, epoch_end)

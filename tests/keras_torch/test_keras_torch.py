@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from support import run_records
 from support.torchrun import run_torchrun
 
 SCRIPTS = "tests/keras_torch/rank_scripts/"
@@ -147,10 +148,11 @@ def test_keras_on_torch_rank_left_out_and_taken_back_keeps_the_update_exact(npro
     assert "ran out of data" not in run.stdout
 
 
-def test_keras_on_torch_leaves_a_costly_rank_out_and_every_rank_ends_equal():
+def test_keras_on_torch_leaves_a_costly_rank_out_and_every_rank_ends_equal(tmp_path):
     """Rank 1 sleeps 0.15 s a step in epochs 0 and 1: left out from epoch 1, that epoch runs
-    at rank 0's own speed; both ranks end with the same weights."""
-    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=150, args=["costly"])
+    at rank 0's own speed; both ranks end with the same weights. The run record says so."""
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=150, args=["costly"],
+                       env={run_records.ENV: str(tmp_path / "run.jsonl")})
     results = run.results()
     assert sorted(results) == [0, 1], run.stdout[-3000:]
     assert results[0]["error"] is None and results[0]["plans"] == results[1]["plans"]
@@ -160,3 +162,5 @@ def test_keras_on_torch_leaves_a_costly_rank_out_and_every_rank_ends_equal():
     assert epoch_s[1] < epoch_s[0] / 3, epoch_s
     assert results[0]["differs"] == results[1]["differs"] == 0.0
     assert "hvd_balance: rank 1 left out from epoch 1: with them a step takes " in run.stdout
+    windows = run_records.windows_of(tmp_path / "run.jsonl", "keras-torch", 2, 64)
+    assert [w["left_out"] for w in windows if w["epoch"] == 1] == [[1]], windows

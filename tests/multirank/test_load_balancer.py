@@ -8,7 +8,7 @@ import pytest
 
 from hvd_balance.core.plan import Plan
 from hvd_balance.keras.compat import KERAS3
-from support import run_ranks
+from support import run_ranks, run_records
 
 pytestmark = pytest.mark.stacks  # also run on the other stacks in CI
 
@@ -203,13 +203,18 @@ def test_by_default_the_first_real_steps_make_the_plan_mid_epoch_with_no_sample_
 @pytest.mark.timeout(240)
 def test_rank_0_names_a_rank_the_job_would_be_faster_without(tmp_path):
     """Rank 1's fixed cost per step (40 ms) exceeds rank 0's whole step (13 ms): rank 0 says
-    the job would be faster without it, once, and writes the plan for rank 0 alone."""
-    run = run_ranks("tests/rank_scripts/leave_out_fit.py", np=2, args=[str(tmp_path)], timeout=180)
+    the job would be faster without it, once, and writes the plan for rank 0 alone. The run
+    record holds every window, and the advice."""
+    run = run_ranks("tests/rank_scripts/leave_out_fit.py", np=2, args=[str(tmp_path)], timeout=180,
+                    env={run_records.ENV: str(tmp_path / "run.jsonl")})
     assert run.returncode == 0, run.stdout[-3000:]
     results = run.results()
     assert results[0]["history"] == results[1]["history"]
     named = [h["leave_out"] for h in results[0]["history"]]
     assert named[-1] == [1], results[0]["history"]
+    windows = run_records.windows_of(tmp_path / "run.jsonl", "keras", 2, 64)
+    assert [(w["step_ms"], w["decision"], w["leave_out"]) for w in windows] == \
+        [(h["step_ms"], h["decision"], h["leave_out"]) for h in results[0]["history"]]
     said = [line for line in run.rank_lines(0) if "would be faster without" in line]
     assert len(said) == 1 and said[0].startswith(
         "hvd_balance: the job would be faster without rank 1: with them a step takes "), said

@@ -3,6 +3,7 @@
 import pytest
 
 from hvd_balance.core.plan import Plan
+from support import run_records
 from support.torchrun import run_torchrun
 
 SCRIPTS = "tests/torch_edge/rank_scripts/"
@@ -46,10 +47,11 @@ def test_a_rank_left_out_and_taken_back_keeps_the_update_exact(nproc, syncbn):
                     + said[1].split("takes ")[1]], said
 
 
-def test_the_controller_leaves_a_costly_rank_out_and_every_rank_ends_equal():
+def test_the_controller_leaves_a_costly_rank_out_and_every_rank_ends_equal(tmp_path):
     """Rank 1 sleeps 0.15 s a step in epochs 0 and 1: left out from epoch 1, the epochs run at
-    rank 0's own speed; both ranks end with the same weights."""
-    run = run_torchrun(SCRIPTS + "leave_out_live.py", nproc=2, timeout=150)
+    rank 0's own speed; both ranks end with the same weights. The run record says so."""
+    run = run_torchrun(SCRIPTS + "leave_out_live.py", nproc=2, timeout=150,
+                       env={run_records.ENV: str(tmp_path / "run.jsonl")})
     assert run.returncode == 0, run.stdout[-3000:]
     results = run.results()
     assert results[0]["plans"] == results[1]["plans"]
@@ -58,6 +60,14 @@ def test_the_controller_leaves_a_costly_rank_out_and_every_rank_ends_equal():
     assert max(epoch_s[1:3]) < epoch_s[0] / 3, epoch_s
     assert results[0]["differs"] == results[1]["differs"] == 0.0
     assert "hvd_balance: rank 1 left out from epoch 1: with them a step takes " in run.stdout
+    windows = run_records.windows_of(tmp_path / "run.jsonl", "torch", 2, 64)
+    assert [(w["epoch"], w["step"], [r["local_batch"] for r in w["ranks"]], w["step_ms"],
+             w["decision"], w["predicted_ms"]) for w in windows] == \
+        [(h["epoch"], h["step"], h["batch_sizes"], h["step_ms"], h["decision"], h["predicted_ms"])
+         for h in results[0]["history"]]  # the file holds the balancer's history
+    out = [w for w in windows if w["left_out"] == [1]]
+    assert out and all(w["ranks"][1]["samples_per_s"] is None for w in out), windows
+    assert all(w["share_of_ideal"] > 0 for w in windows if w["step_ms"]), windows
 
 
 def test_a_given_plan_that_leaves_a_rank_out_is_refused_naming_it(tmp_path):

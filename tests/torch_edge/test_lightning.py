@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from support import run_records
 from support.launch import PYTHON, REPO, rank_env, run_command
 from support.torchrun import run_torchrun
 
@@ -82,14 +83,19 @@ def test_the_example_trains_under_lightnings_own_launcher():
     assert float(found[2]) > 0.9 and float(found[1]) < 0.3, found[0]
 
 
-def test_the_strategy_moves_work_off_a_slowed_rank_and_stays_exact():
-    run = run_torchrun(SCRIPT, nproc=2, timeout=150, args=["slow:1"])
+def test_the_strategy_moves_work_off_a_slowed_rank_and_stays_exact(tmp_path):
+    run = run_torchrun(SCRIPT, nproc=2, timeout=150, args=["slow:1"],
+                       env={run_records.ENV: str(tmp_path / "run.jsonl")})
     assert run.returncode == 0, run.stdout[-3000:]
     results = run.results()
     assert results[0]["plans"] == results[1]["plans"]
     final = results[0]["plans"][-1]
     assert sum(final) == 12 and final[1] <= 3, results[0]["plans"]  # its sleep alone is 2 ms/sample
     assert max(r["relative"] for r in results.values()) < 1e-9
+    windows = run_records.windows_of(tmp_path / "run.jsonl", "lightning", 2, 12)
+    assert [w["next_batch_sizes"] for w in windows] == \
+        [h["next_batch_sizes"] for h in results[0]["history"]]
+    assert windows[-1]["ranks"][1]["busy_ms"] > 0
 
 
 def test_the_layer_sync_plugin_converts_and_reverts_every_batch_norm():

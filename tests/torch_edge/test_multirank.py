@@ -5,6 +5,7 @@ import time
 import pytest
 
 from hvd_balance.core.plan import Plan
+from support import run_records
 from support.forge import Flood
 from support.torchrun import run_torchrun
 
@@ -81,6 +82,17 @@ def test_bad_input_fails_on_every_rank_naming_the_value(args, message):
     assert sorted(results) == [0, 1], run.stdout[-3000:]
     for r in results.values():
         assert r["error"] and message in r["error"], r
+
+
+def test_a_run_record_that_cannot_be_written_fails_on_every_rank_naming_it(tmp_path):
+    path = tmp_path / "missing" / "run.jsonl"
+    run = run_torchrun(SCRIPTS + "train.py", nproc=2, timeout=90, args=["slow", "3"],
+                       env={run_records.ENV: str(path)})
+    results = run.results()
+    assert sorted(results) == [0, 1], run.stdout[-3000:]
+    for r in results.values():
+        assert r["error"].startswith("RuntimeError: rank 0: FileNotFoundError") and \
+            str(path) in r["error"] and "history_file" in r["error"], r
 
 
 def test_a_bad_plan_file_fails_on_every_rank_naming_the_entry(tmp_path):

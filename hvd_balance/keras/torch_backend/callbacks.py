@@ -208,6 +208,8 @@ class LoadBalancer(keras.callbacks.Callback):
         save_plan: optional YAML path rank 0 writes each plan to.
         verbose: 1 prints the plan table on rank 0 at each change.
         controller: as :class:`hvd_balance.torch.LoadBalancer`'s (default: the core's).
+        history_file: optional JSON-lines path of the run record (default
+            ``$HVD_BALANCE_HISTORY``): a line for the job, one a window, from rank 0.
 
     At an epoch's end the controller may leave out a rank whose step costs more than it
     brings (0 samples: one probe step of its own, no part in the others' sums) and take it
@@ -228,7 +230,8 @@ class LoadBalancer(keras.callbacks.Callback):
 
     def __init__(self, data: BalancedData, plan=None, *, rebalance: Union[str, int, None] = None,
                  threshold: float = DEFAULT_THRESHOLD, save_plan: Optional[str] = None,
-                 verbose: int = 1, controller=None, **tensorflow_only):
+                 verbose: int = 1, controller=None, history_file: Optional[str] = None,
+                 **tensorflow_only):
         super().__init__()
         if tensorflow_only:
             key = next(iter(tensorflow_only))
@@ -240,7 +243,8 @@ class LoadBalancer(keras.callbacks.Callback):
                             f"{type(data).__name__}")
         self.data, self.given_plan = data, plan
         self.options = {"rebalance": rebalance, "threshold": threshold, "save_plan": save_plan,
-                        "verbose": verbose, "controller": controller}
+                        "verbose": verbose, "controller": controller,
+                        "history_file": history_file}
         self.balancer: Optional[TorchLoadBalancer] = None
 
     @property
@@ -273,6 +277,7 @@ class LoadBalancer(keras.callbacks.Callback):
                                           plan=self.given_plan, telemetry=telemetry_of(optimizer),
                                           optimizer=optimizer,
                                           share_state=_state_sync(self.model), **self.options)
+        self.balancer.record_edge = "keras-torch"
         optimizer.hvd_balance_load_balancer = self.balancer  # the metric average settles stops too
 
     def on_epoch_begin(self, epoch, logs=None):
