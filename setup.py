@@ -17,7 +17,7 @@ setup(
     # TensorFlow and Horovod are installed by scripts/install.sh (Horovod must be compiled
     # against the installed TensorFlow), so they are not pinned here.
     install_requires=["numpy>=1.22", "pyyaml>=5.4"],
-    extras_require={"bench": ["matplotlib>=3.5"], "test": ["pytest>=7", "pytest-timeout>=2"],
+    extras_require={"bench": ["matplotlib>=3.5"], "plot": ["matplotlib>=3.5"], "test": ["pytest>=7", "pytest-timeout>=2"],
                     "lightning": ["lightning>=2.1,<3"]},
     entry_points={"console_scripts": ["hvd-balance=hvd_balance.tools.cli:main"]},
 )

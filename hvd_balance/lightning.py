@@ -10,7 +10,8 @@ Lightning                      hvd_balance.torch
                                (in place of Lightning's ``DistributedSampler``)
 ``configure_ddp``, the loader  a :class:`LoadBalancer` on the DDP model (the summing hook)
 ``backward``                   the loss times ``b_i / B`` (:meth:`LoadBalancer.scale`)
-``on_train_batch_end``         :meth:`LoadBalancer.step` once a batch (the windows)
+``on_train_batch_end``         :meth:`LoadBalancer.step` once a batch (the windows); each
+                               window's ``balance/...`` figures to the Trainer's loggers
 ``reduce`` in a training step  ``self.log(..., sync_dist=True)`` weighted by ``b_i / B``
 ``sync_batchnorm=True``        :class:`hvd_balance.torch.SyncBatchNorm` (CPU and GPU ranks)
 =============================  ===========================================================
@@ -33,6 +34,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from torch.utils.data import (BatchSampler, DataLoader, DistributedSampler, IterableDataset,
                               RandomSampler, SequentialSampler)
 
+from .core import run_record
 from .core.controller import DEFAULT_THRESHOLD
 from .torch import distributed
 from .torch.distributed import end_job
@@ -61,16 +63,41 @@ class BalancedSyncBatchNorm(LayerSync):
         return revert_sync_batchnorm(model)
 
 
+def launcher_of(environment: object) -> str:
+    """The launcher behind Lightning's cluster environment, in the advice's terms: torchrun
+    (``TorchElasticEnvironment``), srun (``SLURMEnvironment``), else Lightning's own
+    (``Trainer(devices=...)``)."""
+    return {"TorchElasticEnvironment": "torchrun", "SLURMEnvironment": "srun"}.get(
+        type(environment).__name__, "lightning")
+
+
 class _StepEnd(Callback):
     """Closes each training batch's step on the balancer, once a batch whatever the number of
-    optimizer steps (manual optimization, several optimizers)."""
+    optimizer steps (manual optimization, several optimizers), and hands each window's figures
+    (``balance/...``: :func:`hvd_balance.core.run_record.scalars`) to the Trainer's loggers."""
 
     def __init__(self, strategy: "BalancedDDPStrategy"):
         self.strategy = strategy
+        self.logged = 0  # the balancer's windows handed to the loggers
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.strategy.balancer is not None:
             self.strategy.balancer.step()
+            self._log(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._log(trainer)
+
+    def _log(self, trainer) -> None:
+        balancer = self.strategy.balancer
+        if balancer is None:
+            return
+        if len(balancer.lines) < self.logged:  # a later fit's new balancer
+            self.logged = 0
+        for line in balancer.lines[self.logged:]:
+            for logger in trainer.loggers if trainer.is_global_zero else ():
+                logger.log_metrics(run_record.scalars(line), step=trainer.global_step)
+        self.logged = len(balancer.lines)
 
 
 class BalancedDDPStrategy(DDPStrategy):
@@ -183,6 +210,7 @@ class BalancedDDPStrategy(DDPStrategy):
             self.balancer = LoadBalancer(self.model, sampler, guard=False, **self._balancer_kwargs)
             self.balancer.takes_plan = type(self).__name__
             self.balancer.record_edge = "lightning"
+            self.balancer.launcher = launcher_of(self.cluster_environment)
         kept = {k: getattr(dataloader, k) for k in _LOADER_KEPT if hasattr(dataloader, k)}
         if dataloader.num_workers > 0:
             kept["prefetch_factor"] = dataloader.prefetch_factor

@@ -24,13 +24,15 @@ emulate.find_cpu_controller()' 2>/dev/null; then
 fi
 out=${HVD_BALANCE_DEMO_RESULTS:-results}
 mkdir -p "$out"
-rm -f "$out"/demo-*.json
+rm -f "$out"/demo-*.json "$out"/demo-balanced.jsonl
 # TensorFlow 2.21's C++ start-up lines (absl's notice, oneDNN's) come before it reads
 # TF_CPP_MIN_LOG_LEVEL: leave them out of the demo's output (grep -v: status 1 = all filtered).
 quiet() { grep -v -E 'absl::InitializeLog\(\) is called|port\.cc:[0-9]+\] oneDNN custom operations' || [ $? -eq 1 ]; }
 for strategy in uniform proportional balanced; do
   echo "=== $strategy: 2 ranks $what"
-  python -m hvd_balance.emulate "${emulation[@]}" -- \
+  # the balanced run keeps its record (docs/run_record.md), drawn below
+  record=$([ "$strategy" = balanced ] && echo "$out/demo-balanced.jsonl" || true)
+  HVD_BALANCE_HISTORY=$record python -m hvd_balance.emulate "${emulation[@]}" -- \
     python examples/train_digits.py --strategy "$strategy" --json "$out/demo-$strategy.json" "$@" \
     2>&1 | quiet
 done
@@ -38,4 +40,6 @@ echo "=== side by side (epoch s: median of epochs 2+; speedup: over uniform)"
 python -m hvd_balance.tools.demo_report "$out"/demo-{uniform,proportional,balanced}.json \
   ${legend[@]+"${legend[@]}"} --json "$out/demo.json" --png "$out/demo.png"
 echo "table: $out/demo.json, chart: $out/demo.png"
+echo "=== the balanced run's own record (hvd-balance report)"
+python -m hvd_balance.tools.report "$out/demo-balanced.jsonl" --out "$out/demo-balanced.png"
 echo "one run of each; repeated runs, and both plans compared inside the same job: BENCHMARKS.md"

@@ -95,9 +95,10 @@ if [ "$stack" = torch ]; then
   LIGHTNING_VERSION=2.6.6
   torch_deps=("numpy>=1.26" "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "psutil>=5"
               "scikit-learn>=1.5" "keras==$KERAS_VERSION" "lightning==$LIGHTNING_VERSION"
-              wheel setuptools)
+              "matplotlib>=3.9,<3.11" wheel setuptools)
   torch_ok() { "$vpy" - "$TORCH_VERSION" "$KERAS_VERSION" "$LIGHTNING_VERSION" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys, numpy, yaml, pytest, pytest_timeout, psutil, sklearn, torch
+import matplotlib
 sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] and torch.distributed.is_available()
          and m.version("keras") == sys.argv[2] and m.version("lightning") == sys.argv[3] else 1)
 PY
@@ -136,6 +137,14 @@ tfds_pkgs=("tensorflow-datasets==$TFDS_VERSION")
 if ! have "tensorflow-datasets==$TFDS_VERSION"; then
   log "installing ${tfds_pkgs[*]} ($stack stack)"
   vpip install -q "${tfds_pkgs[@]}" "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION"
+fi
+
+# TensorBoard, which keras.callbacks.TensorBoard needs and TensorFlow 2.21 no longer brings
+# (2.15 does); the tests read its event files back.
+TB_VERSION=2.21.0
+if [ "$stack" != keras2 ] && ! have "tensorboard==$TB_VERSION"; then
+  log "installing tensorboard==$TB_VERSION ($stack stack)"
+  vpip install -q "tensorboard==$TB_VERSION" "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
 # Legacy Keras (tf-keras) is only what tf.keras means with TF_USE_LEGACY_KERAS=1.

@@ -92,10 +92,9 @@ class LeaveOut:
     def announce(self, launcher: str, save_plan: Optional[str] = None,
                  takes: str = "LoadBalancer") -> str:
         """Write :attr:`plan` beside ``save_plan`` (else in the working directory, which a
-        cluster's hosts usually share) and return :meth:`message` for ``launcher``
-        (``"horovodrun"`` or ``"torchrun"``) and the class ``takes`` that reads the plan. A
-        file that cannot be written is said, not raised: this runs on rank 0 alone, between
-        collectives."""
+        cluster's hosts usually share) and return :meth:`message` in the terms of ``launcher``
+        (:meth:`launch`) and the class ``takes`` that reads the plan. A file that cannot be
+        written is said, not raised: this runs on rank 0 alone, between collectives."""
         named = "_".join(map(str, self.ranks)) if len(self.ranks) <= 8 else f"{len(self.ranks)}"
         path = os.path.join(os.path.dirname(save_plan) if save_plan else "",
                             f"hvd_balance_plan_without_{named}.yaml")
@@ -104,14 +103,27 @@ class LeaveOut:
             written = True
         except OSError:
             written = False
+        return self.message(self.launch(launcher), path, written, takes)
+
+    def launch(self, launcher: str) -> str:
+        """How ``launcher`` starts the ranks kept: ``"horovodrun"`` (``horovodrun -np 2 -H
+        a:1,b:1``), ``"torchrun"`` (``torchrun --nproc-per-node 2``), ``"srun"`` (``srun
+        --ntasks 2 --nodelist a,b``) or ``"lightning"``, Lightning's own launcher
+        (``Trainer(devices=2, num_nodes=1)``)."""
         k, hosts = self.plan.world_size, self.hosts_option()
+        names = list(dict.fromkeys(self.plan.hosts))
         if launcher == "horovodrun":
-            launch = f"horovodrun -np {k}" + (f" -H {hosts}" if hosts else "")
-        elif len(set(self.plan.hosts)) <= 1:
-            launch = f"{launcher} --nproc-per-node {k}"
-        else:
-            launch = f"{launcher} with {k} ranks on {hosts}"
-        return self.message(launch, path, written, takes)
+            return f"horovodrun -np {k}" + (f" -H {hosts}" if hosts else "")
+        if launcher == "srun":
+            return f"srun --ntasks {k}" + (f" --nodelist {','.join(names)}" if names else "")
+        if launcher == "lightning":
+            per_host = {list(self.plan.hosts).count(h) for h in names}
+            if len(per_host) <= 1:
+                return f"Trainer(devices={k // max(len(names), 1)}, num_nodes={max(len(names), 1)})"
+            return f"Trainer(...) with {k} ranks on {hosts}"
+        if len(names) <= 1:
+            return f"{launcher} --nproc-per-node {k}"
+        return f"{launcher} with {k} ranks on {hosts}"
 
 
 def _named(ranks) -> str:

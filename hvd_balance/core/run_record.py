@@ -19,6 +19,7 @@ while each rank's rate holds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -75,6 +76,52 @@ def window_line(record: Dict[str, Any], global_batch_size: int, hosts: Sequence[
             "share_of_ideal": round(ideal / step, 3) if ideal and step else None}
 
 
+PREFIX = "balance/"  # TensorBoard groups a run's scalars by the part before "/"
+PER_RANK = ("local_batch", "busy_ms", "wait_ms", "samples_per_s")
+
+
+def scalars(line: Dict[str, Any]) -> Dict[str, float]:
+    """A window's ``line`` as named numbers for a logger: ``balance/step_ms``,
+    ``balance/ideal_step_ms``, ``balance/share_of_ideal``, ``balance/efficiency`` and, per rank
+    ``i``, ``balance/rank{i}/local_batch`` (samples), ``.../busy_ms``, ``.../wait_ms`` and
+    ``.../samples_per_s``: the same names every window (a logger such as ``CSVLogger`` keeps
+    the first window's), NaN for a figure the window did not measure.
+
+    Example:
+        >>> line = {"step_ms": 41.2, "ideal_step_ms": 38.0, "share_of_ideal": 0.922,
+        ...         "efficiency": None, "ranks": [{"local_batch": 401, "busy_ms": 40.1,
+        ...         "wait_ms": 1.1, "samples_per_s": None}]}
+        >>> scalars(line)["balance/rank0/local_batch"], scalars(line)["balance/efficiency"]
+        (401.0, nan)
+    """
+    def number(v):
+        return math.nan if v is None else float(v)
+    out = {PREFIX + k: number(line[k])
+           for k in ("step_ms", "ideal_step_ms", "share_of_ideal", "efficiency")}
+    for i, rank in enumerate(line["ranks"]):
+        out.update({f"{PREFIX}rank{i}/{k}": number(rank[k]) for k in PER_RANK})
+    return out
+
+
+def window_text(number: int, line: Dict[str, Any]) -> str:
+    """One line for a person (``verbose=2``) about window ``number``'s ``line``.
+
+    Example:
+        >>> window_text(7, {"step_ms": 41.2, "ideal_step_ms": 38.0, "share_of_ideal": 0.922,
+        ...                 "ranks": [{"local_batch": 401}, {"local_batch": 111}],
+        ...                 "decision": "kept", "next_batch_sizes": None})
+        'hvd_balance: window 7: step 41.2 ms (ideal 38.0, 0.92 of it), batches [401, 111], kept'
+    """
+    step = "no step timed" if line["step_ms"] is None else f"step {line['step_ms']} ms"
+    if line["ideal_step_ms"] is not None and line["share_of_ideal"] is not None:
+        step += f" (ideal {line['ideal_step_ms']}, {line['share_of_ideal']:.2f} of it)"
+    batches = [r["local_batch"] for r in line["ranks"]]
+    decision = line["decision"] or "no decision"
+    if line["next_batch_sizes"] is not None and list(line["next_batch_sizes"]) != batches:
+        decision += f" -> {list(line['next_batch_sizes'])}"
+    return f"hvd_balance: window {number}: {step}, batches {batches}, {decision}"
+
+
 class RunRecord:
     """Rank 0's end of the record: a line for the job, then one a window, appended.
 
@@ -87,19 +134,18 @@ class RunRecord:
     """
 
     def __init__(self, path: str):
-        self.path, self.started, self.global_batch_size = path, False, None
+        self.path, self.started = path, False
         self._file = open(path, "a", encoding="utf-8")
 
     def start(self, job: Dict[str, Any]) -> None:
         """Append the job's line: ``edge`` ("keras", "torch", "keras-torch", "lightning"),
         ``world_size``, ``global_batch_size`` (samples), ``hosts``, ``devices``, ``versions``."""
-        self.started, self.global_batch_size = True, int(job["global_batch_size"])
+        self.started = True
         self._write({"record": "job", "schema": SCHEMA, "time": time.time(), **job})
 
-    def window(self, record: Dict[str, Any], hosts: Sequence[str] = (),
-               devices: Sequence[str] = ()) -> None:
-        """Append ``record``'s line (:func:`window_line`), after the job's."""
-        self._write(window_line(record, self.global_batch_size, hosts, devices))
+    def window(self, line: Dict[str, Any]) -> None:
+        """Append a window's ``line`` (:func:`window_line`), after the job's."""
+        self._write(line)
 
     def _write(self, line: Dict[str, Any]) -> None:
         if not self._file.closed:

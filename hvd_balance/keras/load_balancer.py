@@ -33,8 +33,9 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
     epoch, or ``rebalance`` steps) the ranks' busy and wait times are gathered and rank 0's
     :class:`~hvd_balance.core.controller.Controller` keeps the plan, switches to a faster one
     or reverts the last switch, on every rank at the same step boundary (docs/controller.md).
-    The epoch's logs get ``balance_efficiency`` and ``rank{i}_busy_ms``, ``rank{i}_wait_ms``,
-    ``rank{i}_local_batch``.
+    The epoch's logs get the last window's figures (:func:`~hvd_balance.core.run_record.scalars`:
+    ``balance/share_of_ideal``, ``balance/rank{i}/busy_ms``, ``balance/rank{i}/local_batch``
+    ...), which ``keras.callbacks.TensorBoard``, ``CSVLogger`` and ``History`` record.
 
     Args:
         data: the :class:`BalancedData` that ``fit`` trains on.
@@ -56,7 +57,8 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         history_file: optional JSON-lines path where rank 0 appends a line for the job and one
             for each window, flushed as written (default ``$HVD_BALANCE_HISTORY``;
             :mod:`hvd_balance.core.run_record`).
-        verbose: 1 prints the plan table on rank 0 and each switch, 0 is silent.
+        verbose: 1 prints the plan table on rank 0 and each switch, 2 also one line a window
+            (its step against the ideal, the batches, the decision), 0 is silent.
 
     Attributes:
         plan: the :class:`Plan` in force, identical on every rank.
@@ -198,10 +200,17 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         return record
 
     def _replan(self, window, step: int, first_steps: bool = False) -> None:
-        """One window's record and decision (:meth:`_decide`), on rank 0 also in the run's."""
+        """One window's record and decision (:meth:`_decide`); on rank 0 also its line in the
+        run's record, and on the console at verbose 2."""
         self._decide(window, step, first_steps)
+        if collective.rank() != 0 or (self._record is None and self.verbose < 2):
+            return
+        line = run_record.window_line(self.history[-1], self.data.global_batch_size,
+                                      *self._where)
+        if self.verbose >= 2:
+            print(run_record.window_text(len(self.history), line), flush=True)
         if self._record is not None:
-            self._record.window(self.history[-1], *self._where)
+            self._record.window(line)
 
     def _decide(self, window, step: int, first_steps: bool = False) -> None:
         """One window's decision, its plan in force from ``step`` (``first_steps``: the
@@ -272,14 +281,10 @@ class LoadBalancer(StopAgreementMixin, tf.keras.callbacks.Callback):
         self._first_at = None
         self.data.release()
         self.data.set_epoch(self.data.epoch + 1)  # never repeat a permutation, even across fits
-        window = self._gather_window()
-        self._replan(window, 0)
-        if logs is not None and self.history[-1]["efficiency"] is not None:
-            logs["balance_efficiency"] = self.history[-1]["efficiency"]
-        for i, w in enumerate(window if logs is not None else []):
-            logs[f"rank{i}_local_batch"] = w["local_batch"]
-            logs.update({f"rank{i}_{k}_ms": 1e3 * w[f"{k}_s"] for k in ("busy", "wait")
-                         if w[f"{k}_s"] is not None})
+        self._replan(self._gather_window(), 0)
+        if logs is not None:  # so TensorBoard, CSVLogger and History record them
+            logs.update(run_record.scalars(run_record.window_line(
+                self.history[-1], self.data.global_batch_size)))
         self._stop_epoch_end(epoch)
 
     def on_train_end(self, logs=None):

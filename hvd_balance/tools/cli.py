@@ -36,6 +36,7 @@ DELEGATED = {
             "or --slowdown 1,4 (slow compute) -- python train.py"),
     "simulate": ("hvd_balance.tools.simulate", "simulate balancing for many ranks without training"),
     "bench": ("hvd_balance.tools.bench", "benchmark the balancing methods on emulated clusters"),
+    "report": ("hvd_balance.tools.report", "summarize and draw a run's record (HVD_BALANCE_HISTORY)"),
 }
 
 

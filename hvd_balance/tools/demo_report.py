@@ -24,8 +24,9 @@ ORDER = ("uniform", "proportional", "balanced")  # the table's rows, then any ot
 
 
 def _steady(values: Sequence[Optional[float]]) -> List[float]:
-    """The epochs after the first (which also builds the graphs), or the only one."""
-    values = [v for v in values if v is not None]
+    """The epochs after the first (which also builds the graphs), or the only one; figures
+    not measured (None, NaN) left out."""
+    values = [v for v in values if v is not None and v == v]
     return values[1:] or values
 
 
@@ -35,7 +36,7 @@ def summarize(run: Dict[str, Any]) -> Dict[str, Any]:
     ranks = len(run["plan"]["batch_sizes"])
 
     def per_rank(key):  # median over the steady epochs, per rank (None: not recorded)
-        steady = [_steady(history.get(f"rank{i}_{key}_ms", [])) for i in range(ranks)]
+        steady = [_steady(history.get(f"balance/rank{i}/{key}_ms", [])) for i in range(ranks)]
         return [statistics.median(s) if s else None for s in steady]
 
     accuracy = history.get("val_accuracy") or [None]

@@ -18,6 +18,7 @@ compute.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 import weakref
@@ -115,6 +116,14 @@ def world_size() -> int:
 def backend() -> Optional[str]:
     """The default group's backend name (``"gloo"``, ``"nccl"``), ``None`` without one."""
     return str(dist.get_backend()) if is_distributed() else None
+
+
+def launched_by() -> str:
+    """Who started this rank, in the terms rank 0's advice uses: ``"srun"`` when SLURM's srun
+    started it without torchrun (``SLURM_PROCID`` and no ``TORCHELASTIC_RUN_ID``), else
+    ``"torchrun"``."""
+    srun = "SLURM_PROCID" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ
+    return "srun" if srun else "torchrun"
 
 
 def hostname() -> str:

@@ -96,7 +96,8 @@ class LoadBalancer:
         history_file: optional JSON-lines path; rank 0 appends a line for the job and one for
             each window there, flushed as written (default ``$HVD_BALANCE_HISTORY``;
             :mod:`hvd_balance.core.run_record`).
-        verbose: 1 logs the plan table on rank 0 at each change, 0 is silent.
+        verbose: 1 logs the plan table on rank 0 at each change, 2 also one line a window
+            (its step against the ideal, the batches, the decision), 0 is silent.
         controller: the decision maker (default ``Controller(threshold)``); anything with
             ``next(plan, window) -> (decision, controller)``.
         telemetry: the :class:`StepTelemetry` of a gradient sum the caller runs itself and
@@ -135,6 +136,9 @@ class LoadBalancer:
             (:mod:`hvd_balance.core.window_record`): the plan it ran (``batch_sizes``), each
             rank's ``busy_ms`` and ``wait_ms``, the ``step_ms`` measured, the ``decision`` with
             its ``predicted_ms``, the plan after it (``next_batch_sizes``) and ``leave_out``.
+        lines: one dict per window as the run's record holds it, with each rank's
+            ``samples_per_s`` and the ``share_of_ideal`` (:mod:`hvd_balance.core.run_record`;
+            ``run_record.scalars(line)`` names them for a logger).
         stopped: ``None``, or who left the loop first: rank, epoch, step, steps, why.
         takes_plan: the class that rank 0's advice to leave ranks out names as the reader of
             its plan file (``"LoadBalancer"``; the Lightning strategy's own name there).
@@ -165,6 +169,7 @@ class LoadBalancer:
     """
 
     takes_plan = "LoadBalancer"
+    launcher: Optional[str] = None  # the advice's launcher (None: distributed.launched_by())
     record_edge = "torch"  # the run record's name of the edge (Lightning, Keras on torch: theirs)
 
     def __init__(self, model: torch.nn.Module, sampler: BalancedBatchSampler, *, plan=None,
@@ -180,6 +185,7 @@ class LoadBalancer:
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.save_plan, self.verbose = save_plan, int(verbose)
         self.history: List[Dict[str, Any]] = []
+        self.lines: List[Dict[str, Any]] = []  # each window's line of the run's record
         self._told = None  # the ranks rank 0 last said the job would be faster without
         # The caller sums the gradients (and weights the loss) when it brings its telemetry.
         self._caller_sums = telemetry is not None
@@ -302,14 +308,20 @@ class LoadBalancer:
         return distributed.all_ok(open_record, "hvd_balance.torch.LoadBalancer(history_file=)")
 
     def _write_record(self, record: Dict[str, Any]) -> None:
-        if self._record is None:
-            return
-        if not self._record.started:  # the edge is known once the strategy has set it
+        """The window's line (:attr:`lines`); on rank 0 also into the run's record, and to
+        the console at verbose 2."""
+        if self._record is not None and not self._record.started:
+            # the edge is known once the strategy has set it: the job's line comes now
             self._record.start({"edge": self.record_edge, "world_size": self.world_size,
                                 "global_batch_size": self.sampler.global_batch_size,
                                 "hosts": list(self._where[0]), "devices": list(self._where[1]),
                                 "versions": versions()})
-        self._record.window(record, *self._where)
+        line = run_record.window_line(record, self.sampler.global_batch_size, *self._where)
+        self.lines.append(line)
+        if self.rank == 0 and self.verbose >= 2:
+            print(run_record.window_text(len(self.history), line), flush=True)
+        if self._record is not None:
+            self._record.window(line)
 
     def _caps(self, max_batch_size, probe_input, model, devices, global_batch_size):
         """Every rank's cap in samples (``None``: uncapped), the same on every rank; errors
@@ -630,7 +642,8 @@ class LoadBalancer:
         itself (``optimizer=``)."""
         if (advice is not None and advice.ranks != self._told and self.verbose and self.rank == 0
                 and not self._can_leave_out):  # else it leaves them out itself, and says so
-            print(advice.announce("torchrun", self.save_plan, self.takes_plan), flush=True)
+            print(advice.announce(self.launcher or distributed.launched_by(), self.save_plan,
+                                  self.takes_plan), flush=True)
         if advice is None:
             return None
         self._told = advice.ranks  # kept through windows without advice: no repeat on flapping

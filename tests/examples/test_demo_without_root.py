@@ -47,3 +47,6 @@ def test_the_demo_runs_without_root_on_the_slowdown_emulation(tmp_path):
     assert sorted(rows) == ["balanced", "proportional", "uniform"]
     assert rows["balanced"]["speedup"] > 1.3, rows  # the slowed rank got less work
     assert (out / "demo.png").stat().st_size > 10_000
+    # the balanced run's record, summarized and drawn
+    assert "hvd_balance run: keras, 2 ranks, global batch" in run.stdout
+    assert (out / "demo-balanced.png").stat().st_size > 10_000

@@ -164,3 +164,6 @@ def test_keras_on_torch_leaves_a_costly_rank_out_and_every_rank_ends_equal(tmp_p
     assert "hvd_balance: rank 1 left out from epoch 1: with them a step takes " in run.stdout
     windows = run_records.windows_of(tmp_path / "run.jsonl", "keras-torch", 2, 64)
     assert [w["left_out"] for w in windows if w["epoch"] == 1] == [[1]], windows
+    # Keras's History holds each epoch's last window (balance/...), on every rank
+    logs = results[1]["logs"]
+    assert logs["balance/rank1/local_batch"][1] == 0 and len(logs["balance/step_ms"]) == 3, logs

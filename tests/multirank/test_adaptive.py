@@ -72,7 +72,9 @@ def test_plan_follows_a_rank_that_slows_down():
     # measured on a busy machine, which rightly kept the plan in 3 runs of 3.
     per_rank = run_scenario([epochs, slow_from, 40, "epoch"], epochs, problems)
     logs = per_rank[0]["logs"][-1]  # the telemetry reaches the Keras logs of every epoch
-    assert {"rank0_busy_ms", "rank1_busy_ms", "rank1_local_batch", "balance_efficiency"} <= set(logs)
+    assert {"balance/rank0/busy_ms", "balance/rank1/wait_ms", "balance/rank1/local_batch",
+            "balance/share_of_ideal", "balance/efficiency"} <= set(logs), sorted(logs)
+    assert logs["balance/rank1/local_batch"] == per_rank[0]["history"][-1]["batch_sizes"][1]
 
 
 @pytest.mark.timeout(420)

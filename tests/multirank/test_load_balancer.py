@@ -215,6 +215,12 @@ def test_rank_0_names_a_rank_the_job_would_be_faster_without(tmp_path):
     windows = run_records.windows_of(tmp_path / "run.jsonl", "keras", 2, 64)
     assert [(w["step_ms"], w["decision"], w["leave_out"]) for w in windows] == \
         [(h["step_ms"], h["decision"], h["leave_out"]) for h in results[0]["history"]]
+    # TensorBoard's event file, read with TensorBoard's reader: each epoch's last window
+    ends = [w for w in windows if w["step"] == 0]
+    assert run_records.board_scalars(tmp_path / "board" / "train", "balance/share_of_ideal") == \
+        pytest.approx([w["share_of_ideal"] for w in ends], abs=1e-6)
+    summary = run_records.drawn(tmp_path / "run.jsonl", tmp_path / "report.png")
+    assert f"keras, 2 ranks, global batch 64, {len(windows)} windows" in summary, summary
     said = [line for line in run.rank_lines(0) if "would be faster without" in line]
     assert len(said) == 1 and said[0].startswith(
         "hvd_balance: the job would be faster without rank 1: with them a step takes "), said

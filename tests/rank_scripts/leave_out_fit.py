@@ -34,6 +34,8 @@ class Cost(tf.keras.callbacks.Callback):
         time.sleep(PER_SAMPLE_S * balancer.plan.batch_sizes[rank] + (FIXED_S if rank == 1 else 0))
 
 
+# Keras's own TensorBoard callback on rank 0 records the balancer's balance/... epoch logs.
+board = [tf.keras.callbacks.TensorBoard(f"{sys.argv[1]}/board")] if hvd.rank() == 0 else []
 model.fit(data, epochs=3, verbose=0, callbacks=[
-    hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, Cost()])
+    hvd.callbacks.BroadcastGlobalVariablesCallback(0), balancer, Cost(), *board])
 emit({"rank": rank, "history": balancer.history})

@@ -32,3 +32,34 @@ def windows_of(path, edge: str, world_size: int, global_batch_size: int) -> list
     times = [w["time"] for w in windows]
     assert times == sorted(times) and job["time"] <= times[0], times
     return windows
+
+
+def board_scalars(log_dir, name: str) -> list:
+    """The values of Keras's TensorBoard callback's epoch scalar ``name`` in ``log_dir`` (its
+    ``train`` folder), read with TensorBoard's own event reader, in epoch order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    tag = f"epoch_{name}"
+    if tag in events.Tags()["scalars"]:
+        return [e.value for e in events.Scalars(tag)]
+    return [float(tensor_util.make_ndarray(e.tensor_proto)) for e in events.Tensors(tag)]
+
+
+def drawn(path, out) -> str:
+    """``hvd-balance report`` on the record at ``path``: its summary, after checking that the
+    picture it wrote to ``out`` is a PNG of some size."""
+    import contextlib
+    import io
+
+    from hvd_balance.tools import cli
+
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        assert cli.main(["report", str(path), "--out", str(out)]) == 0
+    with open(out, "rb") as f:
+        png = f.read()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000, len(png)
+    return said.getvalue()

@@ -14,9 +14,9 @@ def _job(strategy, batches, epoch_s, val_accuracy, busy_ms, wait_ms):
     """A file as examples/train_digits.py --json writes it (two ranks, three epochs)."""
     history = {"loss": [1.0, 0.3, 0.1], "val_accuracy": val_accuracy}
     for i in range(2):
-        history[f"rank{i}_busy_ms"] = busy_ms[i]
-        history[f"rank{i}_wait_ms"] = wait_ms[i]
-        history[f"rank{i}_local_batch"] = [batches[i]] * 3
+        history[f"balance/rank{i}/busy_ms"] = busy_ms[i]
+        history[f"balance/rank{i}/wait_ms"] = wait_ms[i]
+        history[f"balance/rank{i}/local_batch"] = [batches[i]] * 3
     return {"strategy": strategy, "world_size": 2,
             "plan": {"batch_sizes": batches, "global_batch_size": sum(batches)},
             "epoch_s": epoch_s, "history": history}

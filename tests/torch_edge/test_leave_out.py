@@ -68,6 +68,8 @@ def test_the_controller_leaves_a_costly_rank_out_and_every_rank_ends_equal(tmp_p
     out = [w for w in windows if w["left_out"] == [1]]
     assert out and all(w["ranks"][1]["samples_per_s"] is None for w in out), windows
     assert all(w["share_of_ideal"] > 0 for w in windows if w["step_ms"]), windows
+    summary = run_records.drawn(tmp_path / "run.jsonl", tmp_path / "report.png")
+    assert f"rank 1 was left out for {len(out)} of {len(windows)} windows" in summary, summary
 
 
 def test_a_given_plan_that_leaves_a_rank_out_is_refused_naming_it(tmp_path):

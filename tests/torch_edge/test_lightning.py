@@ -1,6 +1,7 @@
 """hvd_balance.lightning: a Lightning Trainer with BalancedDDPStrategy on 2 and 3 CPU ranks
 under torchrun (support.torchrun: hard timeout, ranks killed after), and the example."""
 
+import csv
 import re
 
 import pytest
@@ -84,8 +85,11 @@ def test_the_example_trains_under_lightnings_own_launcher():
 
 
 def test_the_strategy_moves_work_off_a_slowed_rank_and_stays_exact(tmp_path):
+    """Also: every window's line reaches the run's record, the console (verbose=2) and the
+    Trainer's logger (a CSVLogger's metrics.csv)."""
     run = run_torchrun(SCRIPT, nproc=2, timeout=150, args=["slow:1"],
-                       env={run_records.ENV: str(tmp_path / "run.jsonl")})
+                       env={run_records.ENV: str(tmp_path / "run.jsonl"),
+                            "LIGHTNING_FIT_LOGS": str(tmp_path / "logs")})
     assert run.returncode == 0, run.stdout[-3000:]
     results = run.results()
     assert results[0]["plans"] == results[1]["plans"]
@@ -96,6 +100,16 @@ def test_the_strategy_moves_work_off_a_slowed_rank_and_stays_exact(tmp_path):
     assert [w["next_batch_sizes"] for w in windows] == \
         [h["next_batch_sizes"] for h in results[0]["history"]]
     assert windows[-1]["ranks"][1]["busy_ms"] > 0
+    said = [line for line in run.stdout.splitlines() if "hvd_balance: window " in line]
+    last = [r["local_batch"] for r in windows[-1]["ranks"]]
+    assert len(said) == len(windows) and f"batches {last}" in said[-1], said  # rank 0 alone
+    with open(tmp_path / "logs" / "fit" / "version_0" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("balance/step_ms")]
+    assert len(rows) == len(windows), rows
+    assert [float(r["balance/rank1/local_batch"]) for r in rows] == \
+        [w["ranks"][1]["local_batch"] for w in windows]
+    summary = run_records.drawn(tmp_path / "run.jsonl", tmp_path / "report.png")
+    assert f"lightning, 2 ranks, global batch 12, {len(windows)} windows" in summary, summary
 
 
 def test_the_layer_sync_plugin_converts_and_reverts_every_batch_norm():
@@ -116,3 +130,12 @@ def test_the_layer_sync_plugin_converts_and_reverts_every_batch_norm():
     assert [type(m) for m in back] == [torch.nn.Conv2d, torch.nn.BatchNorm2d, torch.nn.Flatten,
                                        torch.nn.BatchNorm1d]
     assert all(torch.equal(v, before[k]) for k, v in back.state_dict().items())
+
+
+def test_lightning_s_cluster_environment_names_its_launcher():
+    from lightning.pytorch.plugins.environments import (LightningEnvironment, SLURMEnvironment,
+                                                        TorchElasticEnvironment)
+    from hvd_balance.lightning import launcher_of
+
+    assert [launcher_of(e()) for e in (LightningEnvironment, SLURMEnvironment,
+                                       TorchElasticEnvironment)] == ["lightning", "srun", "torchrun"]

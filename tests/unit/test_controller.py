@@ -280,3 +280,22 @@ def test_a_leave_out_that_made_the_step_longer_is_undone_only_where_ranks_may_mo
     assert (d.decision, d.plan.batch_sizes) == ("kept", out.batch_sizes)
     d, ctl = ctl.next(out, dataclasses.replace(longer, may_leave_out=True))
     assert (d.decision, d.plan.batch_sizes) == ("reverted", plan.batch_sizes)
+
+
+@pytest.mark.parametrize("hosts, launcher, said", [
+    (("a", "a"), "horovodrun", "horovodrun -np 2 -H a:2"),
+    (("a", "a"), "torchrun", "torchrun --nproc-per-node 2"),
+    (("a", "b"), "torchrun", "torchrun with 2 ranks on a:1,b:1"),
+    (("a", "b"), "srun", "srun --ntasks 2 --nodelist a,b"),
+    (("a", "a"), "lightning", "Trainer(devices=2, num_nodes=1)"),
+    (("a", "a", "b", "b"), "lightning", "Trainer(devices=2, num_nodes=2)"),
+    (("a", "a", "b"), "lightning", "Trainer(...) with 3 ranks on a:2,b:1")])
+def test_the_advice_says_how_its_own_launcher_starts_the_ranks_kept(hosts, launcher, said):
+    from hvd_balance.core.leave_out import LeaveOut
+
+    kept = Plan.from_batch_sizes([8] * len(hosts), hosts=hosts)
+    advice = LeaveOut(ranks=(len(hosts),), plan=kept, predicted_s=0.01, step_s=0.02, share=0.1)
+    assert advice.launch(launcher) == said
+    message = advice.message(advice.launch(launcher), "p.yaml", takes="BalancedDDPStrategy")
+    assert f"alone: {said} ..., with BalancedDDPStrategy(plan='p.yaml')" in message
+

@@ -51,7 +51,7 @@ def test_runs_appended_to_one_file_read_back_apart_and_a_cut_last_line_is_droppe
         record = RunRecord(str(path))
         record.start(JOB)
         for epoch in range(windows):
-            record.window(window(epoch))
+            record.window(window_line(window(epoch), 64))
         record.close()
     with open(path, "a") as f:
         f.write(json.dumps({"record": "window", "epoch": 9})[:20])  # a crash mid-write
@@ -65,7 +65,7 @@ def test_each_line_is_on_disk_once_written(tmp_path):
     path = tmp_path / "run.jsonl"
     record = RunRecord(str(path))
     record.start(JOB)
-    record.window(window())
+    record.window(window_line(window(), 64))
     assert len(path.read_text().splitlines()) == 2  # flushed, the file still open
 
 

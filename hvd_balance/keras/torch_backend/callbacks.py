@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import torch
 
+from ...core import run_record
 from ...core.agreement import StopMismatchError
 from ...core.controller import DEFAULT_THRESHOLD
 from ...core.metric_average import weighted_average
@@ -206,7 +207,7 @@ class LoadBalancer(keras.callbacks.Callback):
             ``"off"`` with a given plan, else ``"epoch"``.
         threshold: the controller's margin over the measured noise (fraction of the step).
         save_plan: optional YAML path rank 0 writes each plan to.
-        verbose: 1 prints the plan table on rank 0 at each change.
+        verbose: 1 prints the plan table on rank 0 at each change, 2 also one line a window.
         controller: as :class:`hvd_balance.torch.LoadBalancer`'s (default: the core's).
         history_file: optional JSON-lines path of the run record (default
             ``$HVD_BALANCE_HISTORY``): a line for the job, one a window, from rank 0.
@@ -306,6 +307,8 @@ class LoadBalancer(keras.callbacks.Callback):
                       f"{epoch}; every rank stops there", file=sys.stdout, flush=True)
         self.model.stop_training = any(flags)
         self._epoch = epoch
+        if logs is not None and self.balancer.lines:  # for TensorBoard, CSVLogger, History
+            logs.update(run_record.scalars(self.balancer.lines[-1]))
 
     def on_train_end(self, logs=None):
         optimizer = self.model.optimizer

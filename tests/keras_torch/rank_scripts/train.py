@@ -82,12 +82,15 @@ try:
         callbacks.insert(2, hvd.callbacks.MetricAverageCallback())
     if mode == "late":
         callbacks.append(callbacks.pop(1))
-    model.fit(data, epochs=3 if mode in ("slow", "costly", "early", "late") else 1, verbose=0,
-              steps_per_epoch=5 if mode == "bad_steps" else None, callbacks=callbacks)
+    history = model.fit(data, epochs=3 if mode in ("slow", "costly", "early", "late") else 1,
+                        verbose=0, steps_per_epoch=5 if mode == "bad_steps" else None,
+                        callbacks=callbacks).history
 except (ValueError, TypeError, RuntimeError) as err:
     error = f"{type(err).__name__}: {err}"
 weights = np.concatenate([w.reshape(-1) for w in model.get_weights()])
 emit({"rank": rank, "error": error, "plans": plans, "steps": steps, "epoch_s": epoch_s,
+      "logs": {k: v for k, v in history.items() if k.startswith("balance/")} if error is None
+      else None,
       "stopped": None if balancer is None else balancer.stopped,
       "differs": float(np.abs(weights - hvd.broadcast(weights, 0)).max())})
 finish()

@@ -22,6 +22,7 @@ import time
 from _common import emit, finish
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import CSVLogger
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -97,9 +98,12 @@ elif mode == "switch":
 else:
     kwargs = {"max_batch_size": [None if c == "-" else int(c) for c in values.split(",")],
               "rebalance": 4}
-strategy = hbl.BalancedDDPStrategy(verbose=0, **kwargs)
+# slow: a line a window on the console, and the windows' figures in a CSVLogger's file
+strategy = hbl.BalancedDDPStrategy(verbose=2 if mode == "slow" else 0, **kwargs)
+logs = os.environ.get("LIGHTNING_FIT_LOGS")
 trainer = pl.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=size, strategy=strategy,
-                     sync_batchnorm=syncbn, logger=False,
+                     sync_batchnorm=syncbn,
+                     logger=CSVLogger(logs, name="fit", version=0) if logs else False,
                      accumulate_grad_batches=int(values) if mode == "accumulate" else 1, enable_checkpointing=False,
                      enable_progress_bar=False, enable_model_summary=False,
                      val_check_interval=0.5 if mode == "switch" else 1.0)
