@@ -20,6 +20,8 @@ import statistics
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from hvd_balance.tools import plotting
+
 ORDER = ("uniform", "proportional", "balanced")  # the table's rows, then any others
 
 
@@ -83,44 +85,24 @@ def plot(rows: Sequence[Dict[str, Any]], path: str, shares: Optional[Sequence[fl
          title: str = "") -> None:
     """Left: the median epoch time per strategy, labelled with the speedup. Right: every
     rank's busy (solid) and waiting (hatched) ms per step, labelled with its local batch."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plotting.pyplot()
     names = [row["strategy"] for row in rows]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    bars = ax1.bar(range(len(rows)), [row["epoch_s"] for row in rows], color="0.6")
-    for bar, row in zip(bars, rows):
-        if row["speedup"] is not None:
-            ax1.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{row['speedup']:.2f}x",
-                     ha="center", va="bottom", fontsize=9)
-    ax1.set_xticks(range(len(rows)), names)
+    plotting.time_bars(ax1, names, [row["epoch_s"] for row in rows],
+                       [None if r["speedup"] is None else f"{r['speedup']:.2f}x" for r in rows])
     ax1.set_ylabel("epoch s (median, epochs 2+)")
     ax1.set_title("epoch time (label: speedup over uniform)", fontsize=9)
     n_ranks = max(len(row["local_batches"]) for row in rows)
-    width = 0.8 / n_ranks
-    for k, row in enumerate(rows):
-        for i, batch in enumerate(row["local_batches"]):
-            x = k + (i - (n_ranks - 1) / 2) * width
-            busy = row["busy_ms"][i] if i < len(row["busy_ms"]) else None
-            wait = row["wait_ms"][i] if i < len(row["wait_ms"]) else None
-            busy, wait = busy or 0.0, wait or 0.0
-            ax2.bar(x, busy, width * 0.9, color=f"C{i}")
-            ax2.bar(x, wait, width * 0.9, bottom=busy, color=f"C{i}", alpha=0.3, hatch="//")
-            ax2.text(x, busy + wait, str(batch), ha="center", va="bottom", fontsize=7)
-    ax2.set_xticks(range(len(rows)), names)
-    ax2.set_ylabel("ms per step (solid: busy, hatched: waiting)")
+    plotting.busy_wait_bars(
+        ax2, names, [row["local_batches"] for row in rows], [row["busy_ms"] for row in rows],
+        [row["wait_ms"] for row in rows],
+        [f"rank {i}" + (f" ({shares[i]:g} core)" if shares and i < len(shares) else "")
+         for i in range(n_ranks)])
     ax2.set_title("per-rank time per step (label: local batch)", fontsize=9)
-    labels = [f"rank {i}" + (f" ({shares[i]:g} core)" if shares and i < len(shares) else "")
-              for i in range(n_ranks)]
-    ax2.legend([plt.Rectangle((0, 0), 1, 1, color=f"C{i}") for i in range(n_ranks)], labels,
-               fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    plotting.save(fig, path)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -29,6 +29,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from hvd_balance.core.run_record import read_runs
+from hvd_balance.tools import plotting
 
 PROG = "hvd-balance report"
 
@@ -96,10 +97,7 @@ def summary_text(s: Dict[str, Any]) -> str:
 def draw(run: Dict[str, Any], path: str) -> None:
     """The run's three panels (see the module's docstring) as a PNG at ``path``, or as an
     HTML page with the picture and a table of the windows when ``path`` ends in ``.html``."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plotting.pyplot()
     job, windows = run["job"], run["windows"]
     n, ranks = range(1, len(windows) + 1), range(job["world_size"])
     fig, (share, times, step) = plt.subplots(3, 1, figsize=(9, 8.5), sharex=True)
@@ -138,8 +136,7 @@ def draw(run: Dict[str, Any], path: str) -> None:
     step.legend(fontsize=7)
     fig.tight_layout()
     if not path.endswith(".html"):
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        plotting.save(fig, path, dpi=110)
         return
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
@@ -190,11 +187,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{PROG}: the run has no window yet: nothing to draw", file=sys.stderr)
             return 1
         try:
-            import matplotlib  # noqa: F401
-        except ModuleNotFoundError:
-            print(f"{PROG}: drawing needs matplotlib: pip install matplotlib", file=sys.stderr)
+            draw(run, args.out)
+        except ModuleNotFoundError as err:  # matplotlib: the message says how to install it
+            print(f"{PROG}: {err}", file=sys.stderr)
             return 1
-        draw(run, args.out)
         print(f"wrote {args.out}")
     return 0
 

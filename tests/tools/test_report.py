@@ -1,6 +1,7 @@
 """hvd-balance report: the summary and the picture of a run's record (hvd_balance.tools.report)."""
 
 import json
+import sys
 
 import pytest
 
@@ -72,3 +73,14 @@ def test_bad_records_and_options_are_named(tmp_path, capsys, content, args, mess
     path.write_text(content)
     assert cli.main(["report", str(path), *args]) == 1
     assert message in capsys.readouterr().err
+
+
+def test_without_matplotlib_the_summary_prints_and_drawing_names_the_install(tmp_path, capsys,
+                                                                           monkeypatch):
+    path = tmp_path / "run.jsonl"
+    write_run(path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    assert cli.main(["report", str(path), "--out", str(tmp_path / "r.png")]) == 1
+    said = capsys.readouterr()
+    assert "4 windows" in said.out and "pip install matplotlib" in said.err
+    assert not (tmp_path / "r.png").exists()
