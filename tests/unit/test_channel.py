@@ -176,6 +176,18 @@ def test_open_channel_links_ranks_of_one_host_by_unix_sockets_nobody_else_reache
             board.channel.close()
 
 
+def heard_by(listener, note, poster):
+    """What ``listener``'s board hears (up to 10 s for the first note) once ``poster`` posts
+    ``note``: the list its listener fills."""
+    got = []
+    listener.listen(got.append)
+    poster.post(note)
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return got
+
+
 def test_what_a_stranger_sends_before_the_sockets_connect_is_discarded_unread():
     import socket
 
@@ -189,12 +201,7 @@ def test_what_a_stranger_sends_before_the_sockets_connect_is_discarded_unread():
     (a, b), _ = open_two(stranger)
     try:
         assert a.channel.dropped == b.channel.dropped == 3
-        got = []
-        a.listen(got.append)
-        b.post(NOTE)
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.01)
+        got = heard_by(a, NOTE, b)
         assert got == [NOTE] and a.channel.dropped == 3
     finally:
         for board in (a, b):
@@ -216,12 +223,7 @@ def test_a_udp_route_takes_datagrams_from_its_peer_alone(monkeypatch):
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
             for _ in range(100):
                 stranger.sendto(b"x" * 64, port)
-        got = []
-        a.listen(got.append)
-        b.post(NOTE)
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            time.sleep(0.01)
+        got = heard_by(a, NOTE, b)
         assert got == [NOTE] and a.channel.dropped == 0  # the stranger's never reached it
     finally:
         for board in (a, b):
