@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, Union
 
-import numpy as np
 import tensorflow as tf
 
 from . import balancer_options as options, collective, compat, plan_sync, small_batch_check
