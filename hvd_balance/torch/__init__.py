@@ -12,7 +12,8 @@ rank among them is staged through host memory), NCCL where every rank is a GPU.
   each step, weights each rank's loss by ``b_i / B`` (:meth:`LoadBalancer.scale`), and
   re-plans at windows (:meth:`LoadBalancer.step`, once a step); with ``optimizer=`` it
   leaves a rank that costs more than it brings out of the steps, until it is worth taking
-  back.
+  back. A model sharded with FSDP2's ``fully_shard`` takes the same calls
+  (:mod:`hvd_balance.torch.fsdp`).
 - :class:`SyncBatchNorm`, :func:`convert_sync_batchnorm`: batch norm over the global batch on
   CPU and GPU ranks, exact under unequal local batches.
 - :func:`training_group`, :func:`training_ranks`: the group and the ranks that train this

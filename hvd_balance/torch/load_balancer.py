@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from . import distributed, membership, state_sync, stop as stop_guard
+from . import distributed, fsdp, membership, state_sync, stop as stop_guard
 from .comm_hook import SumHookState, allreduce_sum_hook
 from .sampler import BalancedBatchSampler
 from .telemetry import StepTelemetry
@@ -73,6 +73,13 @@ class LoadBalancer:
     plan, and every rank applies the answer at the same step boundary: its local batch to
     ``sampler`` and its loss weight ``b_i / B`` to :meth:`scale`.
 
+    A model sharded with FSDP2 (``fully_shard`` per block, then the root) takes the same
+    calls: every FSDP module's reduce-scatter then sums (its divide factor 1), and its
+    collectives are timed as waiting, the rest of the step as this rank's compute
+    (:mod:`hvd_balance.torch.fsdp`). Every rank holds a shard, so no rank is left out (rank 0
+    says which ranks the job would be faster without), caps are given in samples (not
+    ``"probe"``), and a rank that leaves its loop mid-epoch is not seen by the others.
+
     From its making, a heartbeat between the ranks ends the job within ``lost_s`` of a rank
     going silent (frozen, its host gone, its link cut), every other rank naming it.
 
@@ -85,7 +92,8 @@ class LoadBalancer:
     them. No collective and nothing measurable per step (:mod:`hvd_balance.torch.stop`).
 
     Args:
-        model: the ``DistributedDataParallel`` model (a plain module with one rank).
+        model: the ``DistributedDataParallel`` model, or one sharded with FSDP2's
+            ``fully_shard`` over the world's ranks (a plain module with one rank).
         sampler: the :class:`BalancedBatchSampler` the ``DataLoader`` draws from.
         plan: optional :class:`Plan`, plan dict or YAML path to start from (checked against
             the world size, global batch and hosts). Default: ``$HVD_BALANCE_PLAN`` if set.
@@ -147,10 +155,12 @@ class LoadBalancer:
         ValueError: ranks that disagree on the global batch, the data set's size, the seed
             or the model's parameter count; a bad plan file or dict; caps that cannot hold
             the global batch (naming each rank's cap), or a given plan above a cap; a given
-            plan that leaves ranks out.
+            plan that leaves ranks out; ``max_batch_size="probe"`` with FSDP2.
         PlanMismatchError: a plan for another world size, global batch or host order.
-        TypeError: a model that is not ``DistributedDataParallel`` with several ranks (and
-            no ``telemetry``).
+        TypeError: a model that is not ``DistributedDataParallel`` or FSDP2 with several
+            ranks (and no ``telemetry``); FSDP1 (``FullyShardedDataParallel``); blocks sharded
+            without the root; a mesh other than the world's ranks (HSDP, tensor parallel);
+            ``telemetry=`` or ``share_state=`` with FSDP2.
 
     Example:
         ```python
@@ -189,6 +199,7 @@ class LoadBalancer:
         self._told = None  # the ranks rank 0 last said the job would be faster without
         # The caller sums the gradients (and weights the loss) when it brings its telemetry.
         self._caller_sums = telemetry is not None
+        self._sharded = fsdp.is_fsdp2(model)  # FSDP2: its reduce-scatters sum (fsdp.py)
         self.telemetry = telemetry if telemetry is not None else StepTelemetry()
         if plan is None and os.environ.get(PLAN_ENV):
             plan = os.environ[PLAN_ENV]
@@ -213,9 +224,21 @@ class LoadBalancer:
                 raise TypeError(f"stateful= takes objects with state_dict() and "
                                 f"load_state_dict(); got {', '.join(lacking)}")
             ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-            if self.world_size > 1 and not ddp and not self._caller_sums:
+            refused = fsdp.refusal(model, self.world_size)
+            if refused:
+                raise TypeError(refused)
+            if self._sharded and (self._caller_sums or share_state is not None):
+                raise TypeError("telemetry= and share_state= are for a caller that sums the "
+                                "gradients itself; an FSDP2 model's reduce-scatters sum them")
+            if self._sharded and max_batch_size == "probe":
+                raise ValueError("max_batch_size='probe' is not offered under FSDP2 (a probe "
+                                 "would have to run every rank's shard at once); pass the caps "
+                                 "in samples: an int, one per rank, or by device, e.g. "
+                                 "{'3090': 96, 'V100': 128}")
+            if self.world_size > 1 and not (ddp or self._sharded or self._caller_sums):
                 raise TypeError("with several ranks the model must be wrapped in "
-                                "torch.nn.parallel.DistributedDataParallel; got "
+                                "torch.nn.parallel.DistributedDataParallel or sharded with "
+                                "torch.distributed.fsdp.fully_shard; got "
                                 f"{type(model).__name__}")
         distributed.all_ok(check_local, "hvd_balance.torch.LoadBalancer")
         params = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -225,6 +248,8 @@ class LoadBalancer:
 
         self._hooked = (isinstance(model, torch.nn.parallel.DistributedDataParallel)
                         and not self._caller_sums)
+        if self._sharded:
+            fsdp.prepare(model)  # a sum of the weighted gradients, its collectives timed
         # The heartbeat and the groups of ranks (a collective: every rank, here).
         lost_s = distributed.all_ok(lambda: membership.lost_seconds(lost_s),
                                     "hvd_balance.torch.LoadBalancer")
@@ -419,10 +444,10 @@ class LoadBalancer:
         window's end, gathers the telemetry and applies the decided plan (a collective: every
         rank calls it at the same step)."""
         self.telemetry.end_step()
-        if self._hooked and not self._scaled:
+        if (self._hooked or self._sharded) and not self._scaled:
             raise RuntimeError(
                 f"rank {self.rank}: LoadBalancer.step() without LoadBalancer.scale(loss) in this "
-                "step: the hook sums the ranks' gradients, so each rank's loss must be scaled "
+                "step: the ranks' gradients are summed the ranks' gradients, so each rank's loss must be scaled "
                 "by its share b_i / B (loss = balancer.scale(loss))")
         self._scaled = False
         if self.sampler.iterations != self._iterations_seen:
@@ -601,6 +626,8 @@ class LoadBalancer:
         this torch's DDP does not let the stop guard see (``watched``)."""
         if self._caller_sums:
             return self._share_state_fn is not None
+        if self._sharded:  # every rank holds a shard: it joins every step's collectives
+            return False
         return (self._hooked and optimizer is not None and self._share_state_fn is None
                 and not getattr(model, "find_unused_parameters", False)
                 and not getattr(model, "static_graph", False)
