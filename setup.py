@@ -18,6 +18,6 @@ setup(
     # against the installed TensorFlow), so they are not pinned here.
     install_requires=["numpy>=1.22", "pyyaml>=5.4"],
     extras_require={"bench": ["matplotlib>=3.5"], "plot": ["matplotlib>=3.5"], "test": ["pytest>=7", "pytest-timeout>=2"],
-                    "lightning": ["lightning>=2.1,<3"]},
+                    "lightning": ["lightning>=2.1,<3"], "ray": ["ray[train]>=2.9,<3"]},
     entry_points={"console_scripts": ["hvd-balance=hvd_balance.tools.cli:main"]},
 )

@@ -13,7 +13,8 @@
 #             Its programs must run with TF_USE_LEGACY_KERAS=1 in the environment (scripts/test.sh
 #             sets it for this stack); without it tf.keras is Keras 3. Nothing is set globally.
 #   torch     CPU PyTorch 2.13.0 (hvd_balance.torch on torch.distributed), Lightning 2.6.6,
-#             Keras 3 for its torch backend; no TensorFlow, no Horovod build     venv .venv-torch
+#             Ray Train 2.60, Keras 3 for its torch backend; no TensorFlow, no Horovod
+#             build                                                            venv .venv-torch
 # All three get Horovod 0.28.1 compiled from its source release with Gloo against that
 # TensorFlow, with scripts/patches/horovod-0.28.1-tf219-xla.patch applied (needed for
 # TF >= 2.19, a no-op on a CPU build against older TensorFlow).
@@ -93,14 +94,17 @@ if [ "$stack" = torch ]; then
   KERAS_VERSION=3.15.1
   # Lightning (pure Python) for hvd_balance.lightning, its BalancedDDPStrategy.
   LIGHTNING_VERSION=2.6.6
+  # Ray Train for docs/ray.md's recipe (examples/ray_train.py and its test).
+  RAY_VERSION=2.60.0
   torch_deps=("numpy>=1.26" "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "psutil>=5"
               "scikit-learn>=1.5" "keras==$KERAS_VERSION" "lightning==$LIGHTNING_VERSION"
-              "matplotlib>=3.9,<3.11" wheel setuptools)
-  torch_ok() { "$vpy" - "$TORCH_VERSION" "$KERAS_VERSION" "$LIGHTNING_VERSION" <<'PY' 2>/dev/null
+              "matplotlib>=3.9,<3.11" "ray[train]==$RAY_VERSION" wheel setuptools)
+  torch_ok() { "$vpy" - "$TORCH_VERSION" "$KERAS_VERSION" "$LIGHTNING_VERSION" "$RAY_VERSION" <<'PY' 2>/dev/null
 import importlib.metadata as m, sys, numpy, yaml, pytest, pytest_timeout, psutil, sklearn, torch
-import matplotlib
+import matplotlib, ray.train.torch
 sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] and torch.distributed.is_available()
-         and m.version("keras") == sys.argv[2] and m.version("lightning") == sys.argv[3] else 1)
+         and m.version("keras") == sys.argv[2] and m.version("lightning") == sys.argv[3]
+         and m.version("ray") == sys.argv[4] else 1)
 PY
   }
   if ! torch_ok; then

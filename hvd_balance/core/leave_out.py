@@ -109,9 +109,12 @@ class LeaveOut:
         """How ``launcher`` starts the ranks kept: ``"horovodrun"`` (``horovodrun -np 2 -H
         a:1,b:1``), ``"torchrun"`` (``torchrun --nproc-per-node 2``), ``"srun"`` (``srun
         --ntasks 2 --nodelist a,b``) or ``"lightning"``, Lightning's own launcher
-        (``Trainer(devices=2, num_nodes=1)``)."""
+        (``Trainer(devices=2, num_nodes=1)``) or ``"ray"``, Ray Train's workers
+        (``ScalingConfig(num_workers=2)``)."""
         k, hosts = self.plan.world_size, self.hosts_option()
         names = list(dict.fromkeys(self.plan.hosts))
+        if launcher == "ray":
+            return f"ScalingConfig(num_workers={k})"
         if launcher == "horovodrun":
             return f"horovodrun -np {k}" + (f" -H {hosts}" if hosts else "")
         if launcher == "srun":

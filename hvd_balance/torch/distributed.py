@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import weakref
 from contextlib import contextmanager, nullcontext
@@ -119,9 +120,12 @@ def backend() -> Optional[str]:
 
 
 def launched_by() -> str:
-    """Who started this rank, in the terms rank 0's advice uses: ``"srun"`` when SLURM's srun
+    """Who started this rank, in the terms rank 0's advice uses: ``"ray"`` in a Ray Train
+    worker (``ray.train`` imported in a Ray worker process), ``"srun"`` when SLURM's srun
     started it without torchrun (``SLURM_PROCID`` and no ``TORCHELASTIC_RUN_ID``), else
     ``"torchrun"``."""
+    if "ray.train" in sys.modules and "RAY_RAYLET_PID" in os.environ:
+        return "ray"
     srun = "SLURM_PROCID" in os.environ and "TORCHELASTIC_RUN_ID" not in os.environ
     return "srun" if srun else "torchrun"
 

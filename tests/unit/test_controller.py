@@ -289,7 +289,8 @@ def test_a_leave_out_that_made_the_step_longer_is_undone_only_where_ranks_may_mo
     (("a", "b"), "srun", "srun --ntasks 2 --nodelist a,b"),
     (("a", "a"), "lightning", "Trainer(devices=2, num_nodes=1)"),
     (("a", "a", "b", "b"), "lightning", "Trainer(devices=2, num_nodes=2)"),
-    (("a", "a", "b"), "lightning", "Trainer(...) with 3 ranks on a:2,b:1")])
+    (("a", "a", "b"), "lightning", "Trainer(...) with 3 ranks on a:2,b:1"),
+    (("a", "b"), "ray", "ScalingConfig(num_workers=2)")])
 def test_the_advice_says_how_its_own_launcher_starts_the_ranks_kept(hosts, launcher, said):
     from hvd_balance.core.leave_out import LeaveOut
 
