@@ -23,11 +23,15 @@ every FSDP module FSDP2's public custom-comm hooks (``set_custom_all_gather``,
 rest of the step as this rank's own compute (:mod:`.telemetry`). On a CPU rank that is exact:
 the host blocks in each collective. On a GPU rank the device is synchronized around each
 collective, so the host sees when it waits; the all-gather then no longer overlaps the
-previous block's compute (not measured here: no GPU was lent).
+previous block's compute (not measured here: no GPU was lent). A rank that leaves its loop
+mid-epoch replays the others' step through the same comms (:mod:`.stop`): its all-gathers
+as FSDP2's own ``unshard()``, its reduce-scatters with zeros.
 """
 
 from __future__ import annotations
 
+import functools
+import weakref
 from typing import List, Optional
 
 import torch
@@ -45,23 +49,47 @@ except ImportError:  # pragma: no cover - an older torch: FSDP2 is not offered
 
 
 class TimedAllGather(DefaultAllGather):
-    """FSDP2's all-gather, run synchronously, its seconds counted as waiting."""
+    """FSDP2's all-gather of ``module``'s parameters, run synchronously, its seconds counted
+    as waiting. The mid-epoch stop (:mod:`.stop`) replays it on a rank that left with
+    ``module.unshard()`` and ``reshard()``: the same all-gather of this rank's real shard,
+    which the ranks still in the step need for their forward."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self._module = weakref.ref(module)  # no cycle through the module's own state
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        distributed.entering(input_tensor, self._replay)
         with distributed.counted_as_wait(input_tensor.device):
             super().__call__(output_tensor, input_tensor, group, async_op=False)
         return None  # done: FSDP2 then waits on no work
 
+    def _replay(self) -> None:
+        module = self._module()
+        if module is not None:
+            module.unshard()
+            module.reshard()
+
 
 class TimedReduceScatter(DefaultReduceScatter):
-    """FSDP2's reduce-scatter, its seconds counted as waiting."""
+    """FSDP2's reduce-scatter, its seconds counted as waiting; replayed with zeros by a rank
+    that left mid-epoch (the others' step ends without its gradient)."""
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        distributed.entering(input_tensor, functools.partial(
+            _reduce_scatter_zeros, output_tensor.numel(), input_tensor.numel(),
+            input_tensor.dtype, input_tensor.device, group, op))
         with distributed.counted_as_wait(input_tensor.device):
             work = super().__call__(output_tensor, input_tensor, group, op, async_op=async_op)
             if work is not None and async_op:
                 work.wait()
         return None
+
+
+def _reduce_scatter_zeros(out_numel, in_numel, dtype, device, group, op) -> None:
+    out = torch.zeros(out_numel, dtype=dtype, device=device)
+    dist.reduce_scatter_single(output=out, input=torch.zeros(in_numel, dtype=dtype, device=device),
+                               op=op, group=group)
 
 
 def is_fsdp2(model: torch.nn.Module) -> bool:
@@ -109,5 +137,5 @@ def prepare(model: torch.nn.Module) -> None:
     for module in fsdp_modules(model):
         module.set_gradient_divide_factor(1.0)
         module.set_force_sum_reduction_for_comms(True)
-        module.set_custom_all_gather(TimedAllGather())
+        module.set_custom_all_gather(TimedAllGather(module))
         module.set_custom_reduce_scatter(TimedReduceScatter())

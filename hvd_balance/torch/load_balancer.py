@@ -77,8 +77,9 @@ class LoadBalancer:
     calls: every FSDP module's reduce-scatter then sums (its divide factor 1), and its
     collectives are timed as waiting, the rest of the step as this rank's compute
     (:mod:`hvd_balance.torch.fsdp`). Every rank holds a shard, so no rank is left out (rank 0
-    says which ranks the job would be faster without), caps are given in samples (not
-    ``"probe"``), and a rank that leaves its loop mid-epoch is not seen by the others.
+    says which ranks the job would be faster without), and caps are given in samples (not
+    ``"probe"``). A rank that leaves its loop mid-epoch replays the others' all-gathers
+    with its real shard.
 
     From its making, a heartbeat between the ranks ends the job within ``lost_s`` of a rank
     going silent (frozen, its host gone, its link cut), every other rank naming it.
@@ -316,8 +317,8 @@ class LoadBalancer:
         self._record = self._open_record(history_file)
         # Every step runs a gradient sum the guard can replay: the hook's, or the caller's.
         self._guard = (stop_guard.StopGuard(sampler, self._position)
-                       if guard and (self._hooked or self._caller_sums) and self.world_size > 1
-                       else None)
+                       if guard and (self._hooked or self._sharded or self._caller_sums)
+                       and self.world_size > 1 else None)
         if self._guard is not None and self._hooked:  # a probe step's forward: it began
             model.register_forward_pre_hook(lambda *_: sampler.probe_began())
 

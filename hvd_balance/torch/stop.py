@@ -87,6 +87,7 @@ class StopGuard:
         self.peers: Dict[int, Dict] = {}                 # rank -> its latest state
         self.first: Optional[Dict] = None                # the first "left" note seen (any rank)
         self.released = False  # ranks left out were let out of their epoch's window (below)
+        self._shadowing = False  # replaying the others' step: its collectives are not this step's
         self.reported = False
         self.board.listen(self._on_note)
         distributed.watch_collectives(self.entering)
@@ -96,6 +97,8 @@ class StopGuard:
     def entering(self, tensor: torch.Tensor, replay: Optional[distributed.Replay] = None) -> None:
         """A collective of this step starts on ``tensor`` (the hook's bucket, a layer's sum,
         DDP's buffers); ``replay`` runs it again (``None``: a sum, replayed with zeros)."""
+        if self._shadowing:
+            return
         self._entries.append(replay if replay is not None
                              else (tensor.numel(), tensor.dtype, tensor.device))
         if self._entered is None:
@@ -234,13 +237,17 @@ class StopGuard:
         self.halted(self.sampler.laid_out)  # its pass is over: said at once, and printed
 
     def _shadow(self, entries) -> None:
-        for entry in entries:
-            if callable(entry):
-                entry()
-                continue
-            numel, dtype, device = entry
-            zeros = torch.zeros(numel, dtype=dtype, device=device)
-            c10d.all_reduce(zeros, op=dist.ReduceOp.SUM, group=membership.training_group())
+        self._shadowing = True  # a replay may go through the step's own code (FSDP2's unshard)
+        try:
+            for entry in entries:
+                if callable(entry):
+                    entry()
+                    continue
+                numel, dtype, device = entry
+                zeros = torch.zeros(numel, dtype=dtype, device=device)
+                c10d.all_reduce(zeros, op=dist.ReduceOp.SUM, group=membership.training_group())
+        finally:
+            self._shadowing = False
 
     def first_leave(self) -> Optional[Dict]:
         """The first leave this rank knows of (the earliest, then the lowest rank), as every

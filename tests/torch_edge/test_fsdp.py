@@ -80,3 +80,24 @@ def test_what_cannot_be_balanced_sharded_is_refused_by_name_on_every_rank():
     assert errors["probe"][0] == "ValueError" and "max_batch_size='probe'" in errors["probe"][1]
     assert errors["telemetry"][0] == "TypeError" and "telemetry=" in errors["telemetry"][1]
     assert all(msg.startswith("ranks [0, 1]: ") for _, msg in errors.values()), errors
+
+
+@pytest.mark.parametrize("where", ["boundary", "after_forward"])
+def test_a_rank_leaving_mid_epoch_gives_the_others_its_shard_and_no_rank_waits(where):
+    """Rank 1 leaves at step 3 (before its forward, or after its loss): it runs the others'
+    step's collectives, its all-gathers with its real shard (rank 0's step-3 loss equals the
+    reference model's on the same samples) and its reduce-scatters with zeros; both ranks end
+    within seconds, naming the leave."""
+    run = run_torchrun(SCRIPTS + "fsdp_stop.py", nproc=2, timeout=90, args=[where],
+                       env={"TEST_PG_TIMEOUT_S": "60"})
+    assert run.returncode == 0, run.stdout[-3000:]
+    results = run.results()
+    assert results[1]["steps"] == 3, results
+    # At the boundary the note may reach rank 0 before it fetches step 3: it stops after 3.
+    assert results[0]["steps"] == 4 or (where == "boundary" and results[0]["steps"] == 3), results
+    losses = results[0]["losses"]
+    if results[0]["steps"] == 4:
+        assert abs(losses["sharded"] - losses["reference"]) < 1e-12, losses
+    for r in results.values():
+        assert r["finite"] and r["stopped"]["rank"] == 1 and r["stopped"]["step"] == 3, r
+    assert run.stdout.count("hvd_balance: rank 1 left its training loop in epoch 0 after 3") == 2
