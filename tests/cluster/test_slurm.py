@@ -69,6 +69,7 @@ def test_sbatch_trains_with_the_plan_printed(slurm):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_a_failed_rank_fails_the_slurm_job(slurm, tmp_path):
     rc, job, log = _sbatch(slurm, "python", "tests/rank_scripts/fault_fit.py", tmp_path, "raise")
     assert rc != 0 and "FINISHED" not in log, log[-4000:]

@@ -79,6 +79,7 @@ def test_plan_follows_a_rank_that_slows_down():
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_rebalancing_every_k_steps_switches_at_segment_boundaries():
     def problems(per_rank):
         history = per_rank[0]["history"]
@@ -127,6 +128,7 @@ def test_without_a_benchmark_the_telemetry_finds_the_balance():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_a_switch_that_lengthens_the_step_is_reverted_and_not_tried_again():
     # Rank 1's cost per sample is mostly in a collective (wait, not busy): the busy times ask
     # for more work on it, the step time shows that was wrong.

@@ -118,6 +118,7 @@ def assert_replanned(timeline, sizes):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_a_worker_removed_by_discovery_leaves_and_training_resumes_exactly(tmp_path):
     out, script = discovery(tmp_path, "localhost:3", "localhost:2")
     run = run_elastic(out, script, 3, 2, 3, ["6"])  # rank 0 makes the marker at commit 6

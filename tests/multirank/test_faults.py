@@ -128,6 +128,7 @@ def test_a_stopped_rank_is_named_after_the_gloo_timeout(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_a_checkpoint_being_written_when_another_rank_dies_is_finished(tmp_path):
     run, out = crash(tmp_path, "save_interrupted")
     assert any(l.startswith("hvd_balance: rank 0 got SIGTERM") for l in run.rank_lines(0, None))

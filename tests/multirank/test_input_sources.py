@@ -50,6 +50,7 @@ def test_every_source_gives_equal_steps_and_each_record_once_to_one_rank(inputs)
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_a_record_failing_mid_epoch_on_one_rank_stops_every_rank(inputs, tmp_path):
     run = run_ranks(SCRIPT, np=2, args=["midway", *inputs], timeout=360,
                     env={"HVD_BALANCE_WATCHDOG_DIR": tmp_path / "watchdog"})

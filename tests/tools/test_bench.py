@@ -531,6 +531,7 @@ def test_a_driver_stopped_by_sigterm_stops_its_job_and_leaves_nothing(tmp_path):
 
 @needs_emulation
 @pytest.mark.timeout(480)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_smoke_benchmark_reports_every_figure(tmp_path):
     out, png = tmp_path / "smoke.json", tmp_path / "smoke.png"
     # A job takes about 45 s here, most of it TensorFlow's and Horovod's start.

@@ -77,6 +77,7 @@ def shares_run():
 
 @needs_cgroups
 @pytest.mark.timeout(170)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_throughput_follows_cpu_shares(shares_run):
     _, first = shares_run
     ratios = [first[0]["median_iterations_per_s"] / first[1]["median_iterations_per_s"]]
@@ -184,6 +185,7 @@ def test_sigterm_stops_ranks_and_removes_groups():
 
 @needs_cgroups
 @pytest.mark.timeout(90)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_more_ranks_than_cores():
     available = sorted(os.sched_getaffinity(0))
     np_ = len(available) + 1
@@ -524,6 +526,7 @@ def test_no_cpu_controller_is_an_error(tmp_path):
 
 @needs_cgroups
 @pytest.mark.timeout(90)
+@pytest.mark.slow  # a second scenario of a behaviour CI tests: in the long runs
 def test_run_past_its_timeout_is_stopped_without_leftovers():
     with pytest.raises(pytest.fail.Exception, match="did not finish within 25 s") as failed:
         run_ranks(PROBE, np=2, cpu_shares=[0.5, 0.5], args=["--seconds", "0.2", "--hang"],

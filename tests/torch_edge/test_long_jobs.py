@@ -21,8 +21,9 @@ def silent_job(nproc, mode, lightning=False):
     return run, started, time.time()
 
 
-@pytest.mark.parametrize("nproc, lightning", [  # 2 ranks on the loop: in the long runs
-    pytest.param(2, False, marks=pytest.mark.slow), (3, False), (2, True)])
+@pytest.mark.parametrize("nproc, lightning", [  # 2 ranks, and Lightning's: in the long runs
+    pytest.param(2, False, marks=pytest.mark.slow), (3, False),
+    pytest.param(2, True, marks=pytest.mark.slow)])
 def test_a_frozen_rank_ends_every_other_rank_naming_it(nproc, lightning):
     """Rank 1 is stopped with SIGSTOP mid-epoch: every other rank prints rank 1, its host and
     its silence, and exits non-zero within lost_s and a beat (the first to see it tells the
@@ -39,7 +40,7 @@ def test_a_frozen_rank_ends_every_other_rank_naming_it(nproc, lightning):
     assert "ChildFailedError" in run.stdout
 
 
-@pytest.mark.parametrize("lightning", [False, True])
+@pytest.mark.parametrize("lightning", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_long_checkpoint_on_one_rank_is_no_silence(lightning):
     """Rank 0 writes a checkpoint for 3 lost_s while the others wait in a barrier: no rank
     stops, every rank trains every epoch."""
