@@ -17,7 +17,10 @@ differs. ``--fixed-ms 0,0,60`` adds a fixed cost to each step of a rank (a wait 
 milliseconds where the slowdown waits): a device whose per-step overhead outweighs its work. ``--lightning`` trains in a Lightning ``Trainer`` instead of a hand-written loop:
 *uniform* is then Lightning's own ``DDPStrategy`` (``batch_size = B / N`` and its
 ``DistributedSampler``), *proportional* and *balanced* ``hvd_balance.lightning``'s
-``BalancedDDPStrategy`` with the paper's plan and with every default. Two emulations of slow devices, as ``python -m hvd_balance.bench`` has
+``BalancedDDPStrategy`` with the paper's plan and with every default. ``--fsdp`` shards the
+model with FSDP2 (each layer with parameters, then the root) instead of DDP: every strategy
+then sums the reduce-scatters of the weighted gradients, and a rank's busy time leaves out
+its seconds in the collectives. Two emulations of slow devices, as ``python -m hvd_balance.bench`` has
 (docs/emulation.md): ``--shares 1.0,0.25`` caps each rank with a cgroup CPU quota (root; it
 also slows the rank's side of the collectives), ``--slowdown 1,4`` makes rank ``i`` wait
 ``k_i - 1`` times its measured compute once its backward is done, before its last gradient
@@ -45,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -79,33 +83,67 @@ class _Timer:
     """Times each step's busy part as hvd_balance.torch's telemetry does (from the end of the
     previous step, so fetching the batch counts, to the first layer's gradient) and applies
     the ``--slowdown`` wait there: ``k - 1`` times the compute (forward start to that
-    gradient), before the last bucket's allreduce."""
+    gradient), before the last bucket's allreduce. ``sharded`` (FSDP2): every layer with
+    parameters waits ``k - 1`` times its own forward and its own backward, as it ends (a
+    slower device is slower between all of the step's collectives, not at one of them), the
+    seconds in the collectives are not compute, and the step's busy time ends with the first
+    layer's backward (its parameters' hooks are the sharded ones', which backward does not
+    reach)."""
 
-    def __init__(self, model, slowdown: float, fixed_s: float = 0.0):
+    def __init__(self, model, slowdown: float, fixed_s: float = 0.0, sharded: bool = False):
         self.slowdown, self.fixed_s, self.busy_s = float(slowdown), float(fixed_s), []
         self.step_start = self._forward_start = None
         self._waited = False
+        self._collective_s = lambda: 0.0
         model.register_forward_pre_hook(self._forward_begins)
         first = next(m for m in model.modules() if list(m.parameters(recurse=False)))
-        for p in first.parameters(recurse=False):  # the last gradients backward computes
-            p.register_hook(self._last_gradients)
+        self._per_layer = sharded
+        if sharded:
+            from hvd_balance.torch.distributed import collective_seconds
+
+            self._collective_s = collective_seconds
+            # torch warns that the hook fires on the outputs' gradients: the inputs are data
+            warnings.filterwarnings("ignore", "Full backward hook is firing")
+            for layer in [m for m in model.modules() if list(m.parameters(recurse=False))]:
+                layer.register_forward_pre_hook(lambda *_: self._segment_begins())
+                layer.register_forward_hook(lambda *_: self._segment_ends())
+                layer.register_full_backward_pre_hook(lambda *_: self._segment_begins())
+                layer.register_full_backward_hook(lambda *_: self._segment_ends())
+            first.register_full_backward_hook(lambda *_: self._last_gradients(None))
+        else:
+            for p in first.parameters(recurse=False):  # the last gradients backward computes
+                p.register_hook(self._last_gradients)
 
     def step_begins(self):
         """Call where a step begins: before the batch is fetched."""
         self.step_start = time.perf_counter()
+        self._step_collective_s = self._collective_s()
 
     def _forward_begins(self, module, args):
         self._forward_start, self._waited = time.perf_counter(), False
+        self._forward_collective_s = self._collective_s()
         if self.step_start is None:
-            self.step_start = self._forward_start
+            self.step_start, self._step_collective_s = self._forward_start, self._forward_collective_s
+
+    def _segment_begins(self):
+        self._segment = (time.perf_counter(), self._collective_s())
+
+    def _segment_ends(self):
+        start, waited = self._segment
+        compute = time.perf_counter() - start - (self._collective_s() - waited)
+        if self.slowdown > 1:
+            time.sleep((self.slowdown - 1) * max(compute, 0.0))
 
     def _last_gradients(self, grad):
         if not self._waited and self._forward_start is not None:
             self._waited = True
-            compute = time.perf_counter() - self._forward_start
-            if self.slowdown > 1 or self.fixed_s > 0:
-                time.sleep((self.slowdown - 1) * compute + self.fixed_s)
-            self.busy_s.append(time.perf_counter() - self.step_start)
+            waited = self._collective_s()
+            compute = time.perf_counter() - self._forward_start - (waited - self._forward_collective_s)
+            slowed = 0.0 if self._per_layer else (self.slowdown - 1) * compute  # done per layer
+            if slowed > 0 or self.fixed_s > 0:
+                time.sleep(slowed + self.fixed_s)
+            self.busy_s.append(time.perf_counter() - self.step_start
+                               - (waited - self._step_collective_s))
             self.step_start = None
         return grad
 
@@ -129,7 +167,8 @@ def _paper_rate(model, timer: _Timer, shape, batch: int) -> float:
 
 
 def _loop_epochs(cfg, model, data, timer: _Timer, plan, start: float):
-    """A hand-written DDP loop with hvd_balance.torch: (epoch records, decisions, start s)."""
+    """A hand-written DDP (or FSDP2) loop with hvd_balance.torch: (epoch records, decisions,
+    start s)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -138,10 +177,17 @@ def _loop_epochs(cfg, model, data, timer: _Timer, plan, start: float):
 
     import hvd_balance.torch as hb
 
-    ddp = DDP(model)
+    if cfg.get("fsdp"):  # each layer with parameters sharded, then the root (FSDP2's way)
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in [m for m in model.modules() if list(m.parameters(recurse=False))]:
+            fully_shard(layer)
+        wrapped = fully_shard(model)
+    else:
+        wrapped = DDP(model)
     sampler = hb.BalancedBatchSampler(data, global_batch_size=cfg["global_batch"], seed=0)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    balancer = hb.LoadBalancer(ddp, sampler, plan=plan, verbose=0, optimizer=opt)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.01, momentum=0.9)
+    balancer = hb.LoadBalancer(wrapped, sampler, plan=plan, verbose=0, optimizer=opt)
     start_s = time.perf_counter() - start
     loader = DataLoader(data, batch_sampler=sampler)
     epochs = []
@@ -154,7 +200,7 @@ def _loop_epochs(cfg, model, data, timer: _Timer, plan, start: float):
         timer.step_begins()
         for xb, yb in loader:
             opt.zero_grad()
-            balancer.scale(F.cross_entropy(ddp(xb), yb)).backward()
+            balancer.scale(F.cross_entropy(wrapped(xb), yb)).backward()
             opt.step()
             balancer.step()
             timer.step_begins()
@@ -243,7 +289,7 @@ def _worker(cfg: Dict[str, Any]) -> None:
     x, y = make_data(shape, cfg["samples"], seed=0)  # the TensorFlow benchmark's data
     data = TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long())
     torch.manual_seed(0)
-    timer = _Timer(model, cfg["slowdowns"][rank], cfg["fixed_s"][rank])
+    timer = _Timer(model, cfg["slowdowns"][rank], cfg["fixed_s"][rank], cfg.get("fsdp", False))
     B, strategy = cfg["global_batch"], cfg["strategy"]
     start = time.perf_counter()
     plan, rates = None, None
@@ -376,6 +422,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=int, default=25600, help="training samples")
     p.add_argument("--lightning", action="store_true",
                    help="train in a Lightning Trainer (uniform: Lightning's own DDPStrategy)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard the model with FSDP2's fully_shard instead of DDP (the loop)")
     p.add_argument("--out", help="JSON file for every job's records and the summary")
     return p
 
@@ -386,6 +434,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _worker(json.loads(argv[1]))
         return 0
     args = _parser().parse_args(argv)
+    if args.fsdp and args.lightning:
+        raise SystemExit("--fsdp trains in the hand-written loop; drop --lightning")
     strategies = args.strategies.split(",") + (["without"] if args.without else [])
     unknown = sorted(set(strategies) - set(STRATEGIES) - {"without"})
     if unknown:
@@ -404,6 +454,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          f"got {args.without!r}")
     cfg = {"model": args.model, "global_batch": args.global_batch, "samples": args.samples,
            "epochs": args.epochs, "slowdowns": list(slowdowns), "lightning": args.lightning,
+           "fsdp": args.fsdp,
            "fixed_s": fixed,
            "cores": [list(c) for c in assign_cores([min(1.0, s) for s in (shares or [1.0] * world)],
                                                     cores, loads)]}

@@ -39,8 +39,9 @@ import torch.distributed as dist
 
 from . import distributed
 
-try:  # torch >= 2.6 (FSDP2 public); the API below is 2.7's
+try:  # torch >= 2.7: FSDP2 with its custom-comm hooks (tested: 2.13)
     from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    # FSDP2's default comms, which the hooks replace: a private module (named here only)
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
         DefaultAllGather, DefaultReduceScatter)
 except ImportError:  # pragma: no cover - an older torch: FSDP2 is not offered
@@ -99,9 +100,9 @@ def is_fsdp2(model: torch.nn.Module) -> bool:
 
 def refusal(model: torch.nn.Module, world_size: int) -> Optional[str]:
     """Why the balancer cannot take ``model`` as sharded, or ``None`` (also for a model not
-    sharded at all): FSDP1, blocks sharded
-    but not the root (the root's own parameters would never be reduced), parameters left
-    unsharded, or a device mesh other than the data-parallel world (HSDP, tensor parallel)."""
+    sharded at all): FSDP1, blocks sharded but not the root (the root's own parameters would
+    never be reduced), parameters left unsharded, or a device mesh other than the
+    data-parallel world (HSDP, tensor parallel)."""
     if FullyShardedDataParallel is not None and any(
             isinstance(m, FullyShardedDataParallel) for m in model.modules()):
         return ("FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) is not supported: "

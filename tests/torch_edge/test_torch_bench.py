@@ -8,7 +8,8 @@ import pytest
 from support.launch import PYTHON, run_command
 
 
-@pytest.mark.parametrize("trainer", ["loop", "lightning"])
+@pytest.mark.parametrize("trainer", [  # Lightning's trainer: in the long runs
+    "loop", pytest.param("lightning", marks=pytest.mark.slow), "fsdp"])
 def test_torch_bench_plans_less_for_the_slowed_rank_and_writes_every_figure(trainer, tmp_path):
     if trainer == "lightning":
         pytest.importorskip("lightning")
@@ -16,8 +17,8 @@ def test_torch_bench_plans_less_for_the_slowed_rank_and_writes_every_figure(trai
     run = run_command([PYTHON, "-m", "hvd_balance.tools.torch_bench", "--model", "tiny",
                        "--slowdown", "1,3", "--reps", "1", "--epochs", "2", "--samples", "2048",
                        "--global-batch", "64", "--out", out]
-                      + (["--lightning"] if trainer == "lightning" else
-                         ["--fixed-ms", "0,1", "--without", "1"]),
+                      + {"lightning": ["--lightning"], "fsdp": ["--fsdp"],
+                         "loop": ["--fixed-ms", "0,1", "--without", "1"]}[trainer],
                       env=dict(os.environ), timeout=150)
     assert run.returncode == 0, run.stdout[-3000:]
     summary = {row["strategy"]: row for row in json.loads(out.read_text())["summary"]}
