@@ -62,6 +62,7 @@ print(json.dumps({
     "cpu_share": os.environ.get("HVD_BALANCE_CPU_SHARE"),
     "step_delay_ms": os.environ.get("HVD_BALANCE_STEP_DELAY_MS"),
     "slowdown": os.environ.get("HVD_BALANCE_SLOWDOWN"),
+    "gloo_timeout_s": os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS"),
 }), flush=True)
 if rank == args.signal_launcher_rank:
     time.sleep(1)

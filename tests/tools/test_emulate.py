@@ -127,6 +127,8 @@ def test_ranks_get_their_share_and_step_delay_in_env(shares_run):
     assert (per_rank[0]["cpu_share"], per_rank[0]["step_delay_ms"]) == ("1", "0")
     assert (per_rank[1]["cpu_share"], per_rank[1]["step_delay_ms"]) == ("0.25", "5")
     assert per_rank[0]["slowdown"] == per_rank[1]["slowdown"] == "1"  # none asked: unchanged
+    # a quarter core's start-up fits Gloo's rendezvous
+    assert per_rank[0]["gloo_timeout_s"] == per_rank[1]["gloo_timeout_s"] == "120"
 
 
 @needs_cgroups
