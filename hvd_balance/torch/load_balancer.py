@@ -231,11 +231,6 @@ class LoadBalancer:
             if self._sharded and (self._caller_sums or share_state is not None):
                 raise TypeError("telemetry= and share_state= are for a caller that sums the "
                                 "gradients itself; an FSDP2 model's reduce-scatters sum them")
-            if self._sharded and max_batch_size == "probe":
-                raise ValueError("max_batch_size='probe' is not offered under FSDP2 (a probe "
-                                 "would have to run every rank's shard at once); pass the caps "
-                                 "in samples: an int, one per rank, or by device, e.g. "
-                                 "{'3090': 96, 'V100': 128}")
             if self.world_size > 1 and not (ddp or self._sharded or self._caller_sums):
                 raise TypeError("with several ranks the model must be wrapped in "
                                 "torch.nn.parallel.DistributedDataParallel or sharded with "
@@ -360,6 +355,11 @@ class LoadBalancer:
         def mine():
             if not probing:
                 return None
+            if self._sharded:
+                raise ValueError("max_batch_size='probe' is not offered under FSDP2 (a probe "
+                                 "would have to run every rank's shard at once); pass the caps "
+                                 "in samples: an int, one per rank, or by device, e.g. "
+                                 "{'3090': 96, 'V100': 128}")
             if probe_input is None:
                 raise ValueError("max_batch_size='probe' needs probe_input=, a batch of at least "
                                  "one input as the model takes it")
