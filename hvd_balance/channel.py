@@ -17,11 +17,11 @@ this order:
 A datagram that fails a check is dropped and counted (:attr:`Channel.dropped`, or
 :attr:`Channel.repeated` for an old counter); nothing else of the job changes.
 
-Before any of that, the kernel keeps strangers out (:func:`open_channel`): each rank has one
-socket per peer, connected to that peer's socket for it. A peer on this host gets a Unix
-datagram socket, named in a private directory only until both ends are connected; a peer on
-another host a UDP socket on the address that routes to it, which receives nothing from any
-other address or port.
+Before any of that, the kernel keeps strangers out (:func:`open_channel`): each rank has its
+sockets per peer, connected to that peer's sockets for it. A peer on this host gets two Unix
+datagram sockets, one each way, named in a private directory only until both ends are
+connected; a peer on another host a UDP socket on the address that routes to it, which
+receives nothing from any other address or port.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ class ChannelClosed(OSError):
 class Channel:
     """One rank's end of an authenticated datagram channel (see the module's docstring).
 
-    Each peer has a socket of its own, connected to that peer's socket for this rank, so the
-    kernel delivers to it only what that peer sends (:func:`open_channel` makes them).
+    Each peer has its own sockets, connected to that peer's sockets for this rank, so the
+    kernel delivers to them only what that peer sends (:func:`open_channel` makes them).
 
     Args:
         name: the channel's name, signed into every datagram ("notice", "watchdog").
@@ -155,7 +155,8 @@ class Channel:
     def __init__(self, name: str, secret: bytes, rank: int, size: int, check: Check):
         self.name, self.rank, self.size = name, rank, size
         self._secret, self._check = secret, check
-        self.routes: Dict[int, socket.socket] = {}  # peer rank -> the socket connected to it
+        self.routes: Dict[int, socket.socket] = {}  # peer rank -> the socket that sends to it
+        self._sockets: List[socket.socket] = []      # every socket, sending or receiving
         self.transports: Dict[int, str] = {}        # peer rank -> "unix" or "udp"
         self._ready = selectors.DefaultSelector()   # epoll: any fd number
         self.targets: List[int] = []                # the peers sent to
@@ -171,13 +172,21 @@ class Channel:
         """The ranks this channel reaches."""
         return sorted(self.routes)
 
-    def add_route(self, peer: int, sock: socket.socket, transport: str = "unix") -> None:
+    def add_route(self, peer: int, sock: socket.socket, transport: str = "unix",
+                  incoming: Optional[socket.socket] = None) -> None:
         """Reach ``peer`` through ``sock``, a datagram socket connected to it, and receive
-        what it sends there; it is sent to from now on."""
+        what it sends on ``incoming`` (``sock`` itself if None); it is sent to from now on.
+
+        A Unix datagram socket that sends to a closed peer loses what waits on it (Linux
+        purges its queue), so a peer on this host needs an ``incoming`` socket of its own:
+        its last words, sent as it ends, are still read.
+        """
+        incoming = sock if incoming is None else incoming
         # A send waits this long at most for a full receiver (a frozen peer's Unix queue).
         sock.settimeout(SEND_WAIT_S)
         self.routes[peer], self.transports[peer] = sock, transport
-        self._ready.register(sock, selectors.EVENT_READ, peer)
+        self._sockets += [sock] if incoming is sock else [sock, incoming]
+        self._ready.register(incoming, selectors.EVENT_READ, peer)
         self.targets = self.peers
 
     def aim(self, ranks: Iterable[int]) -> None:
@@ -262,7 +271,7 @@ class Channel:
         """Close the sockets; a :meth:`receive` running in another thread ends at its next
         datagram or timeout."""
         self.closed = True
-        for sock in self.routes.values():
+        for sock in self._sockets:
             sock.close()
 
 
@@ -286,10 +295,11 @@ def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[A
 
     ``gather(value)`` is the framework's allgather of a picklable value (Horovod's, or
     ``torch.distributed``'s), run three times: each rank's host and addresses with rank 0's
-    new secret; the sockets it bound, one per peer; and that it connected them.
+    new secret; the sockets it bound for each peer; and that it connected them.
 
-    A peer that shares this host's files gets a Unix datagram socket, bound in a directory of
-    mode 0700 and unlinked once both ends are connected, so no other process can reach it; any
+    A peer that shares this host's files gets two Unix datagram sockets, one to receive and
+    one to send (:meth:`Channel.add_route` says why), bound in a directory of mode 0700 and
+    unlinked once both ends are connected, so no other process can reach them; any
     other peer a UDP socket bound to the address that routes to it and connected to its
     socket, so the kernel drops a datagram from any other address or port. What a stranger
     sent between the bind and the connect is discarded unread and counted as dropped.
@@ -301,36 +311,40 @@ def open_channel(name: str, rank: int, size: int, gather: Callable[[Any], List[A
     channel = Channel(name, bytes.fromhex(everyone[0]["secret"]), rank, size, check)
     peers = [r for r in range(size) if r != rank]
     unix = {r for r in peers if mine["local"] and everyone[r]["local"] == mine["local"]}
-    directory, bound, error = None, {}, None
+    directory, bound, error = None, {}, None  # bound: peer -> [receiving, sending] socket
     try:  # a rank that cannot bind says so in the next gather: no rank waits for it
         if unix:
             directory = tempfile.mkdtemp(prefix="hvd_balance-")  # mode 0700, a random name
         for r in peers:
             if r in unix:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                sock.bind(os.path.join(directory, f"{name}-{r}"))
+                bound[r] = [socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(2)]
+                for sock, way in zip(bound[r], ("in", "out")):
+                    sock.bind(os.path.join(directory, f"{name}-{r}-{way}"))
             else:
                 loopback = everyone[r]["network"] == mine["network"]
                 address = "127.0.0.1" if loopback else \
                     addresses_toward(everyone[r]["addresses"], own)[0]
                 sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 sock.bind((address, 0))
-            bound[r] = sock
+                bound[r] = [sock]
     except OSError as err:
         error = f"rank {rank} could not bind its {name} sockets: {err}"
-    endpoints = gather(error or {r: s.getsockname() for r, s in bound.items()})
+    endpoints = gather(error or {r: [s.getsockname() for s in socks]
+                                 for r, socks in bound.items()})
     try:
         _raise_errors(name, endpoints)
-        for r, sock in bound.items():  # the peer's socket for this rank
-            sock.connect(endpoints[r][rank] if r in unix else tuple(endpoints[r][rank]))
-            # The peer sends nothing before the last gather: what waits came from a stranger.
-            channel.dropped += _discard_waiting(sock)
-            channel.add_route(r, sock, "unix" if r in unix else "udp")
+        for r, socks in bound.items():  # each to the peer's socket for this rank, the other way
+            theirs = endpoints[r][rank]
+            for sock, address in zip(socks, reversed(theirs)):
+                sock.connect(address if r in unix else tuple(address))
+                # The peer sends nothing before the last gather: what waits came from a stranger.
+                channel.dropped += _discard_waiting(sock)
+            channel.add_route(r, socks[-1], "unix" if r in unix else "udp", incoming=socks[0])
     except OSError as err:
         error = f"rank {rank} could not connect its {name} sockets: {err}"
     finally:
         connected = gather(error)
-        for sock in bound.values():
+        for sock in (s for socks in bound.values() for s in socks):
             if sock.family == socket.AF_UNIX:
                 with contextlib.suppress(OSError):
                     os.unlink(sock.getsockname())

@@ -26,8 +26,8 @@ def test_forged_datagrams_change_nothing_and_print_nothing():
     assert results[0]["max_diff"] < 1e-6, results[0]["max_diff"]  # one process, same batches
     for a, b in zip(results[0]["weights"], results[1]["weights"]):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # One Unix socket per channel and rank (one peer each). What the stranger got in before
-    # they were connected (it runs as the same user here) was discarded unread.
-    assert stats["ports"] == [] and len(stats["unix"]) == 4, stats
+    # Two Unix sockets (one each way) per channel and rank (one peer each). What the stranger
+    # got in before they were connected (it runs as the same user here) was discarded unread.
+    assert stats["ports"] == [] and len(stats["unix"]) == 8, stats
     assert sum(r["dropped"] for r in results.values()) == stats["sent"], (results, stats)
     assert "FORGED" not in run.stdout and "stopped" not in run.stdout, run.stdout[-3000:]

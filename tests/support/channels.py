@@ -1,5 +1,5 @@
 """Channels of one process linked to each other, as :func:`hvd_balance.channel.open_channel`
-links the ranks of a job (a connected Unix datagram socket per pair of ranks)."""
+links the ranks of a job (two connected Unix datagram sockets per pair of ranks, one each way)."""
 
 import socket
 from typing import Sequence
@@ -11,7 +11,8 @@ def linked(ends: Sequence[channel.Channel]) -> Sequence[channel.Channel]:
     """``ends`` (one channel per rank, rank order), each now reaching every other."""
     for i, a in enumerate(ends):
         for b in ends[i + 1:]:
-            sa, sb = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-            a.add_route(b.rank, sa)
-            b.add_route(a.rank, sb)
+            a_out, b_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            b_out, a_in = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            a.add_route(b.rank, a_out, incoming=a_in)
+            b.add_route(a.rank, b_out, incoming=b_in)
     return ends

@@ -111,9 +111,9 @@ def test_printable_escapes_control_characters_and_bounds_the_length():
     assert len(channel.printable("y" * 10_000)) == channel.MAX_TEXT
 
 
-def open_two(between_bind_and_connect=None):
-    """Ranks 0 and 1 opening a notice board in threads, gathering through a barrier as a
-    framework's allgather would."""
+def open_two(between_bind_and_connect=None, opener=notice.open_board):
+    """Ranks 0 and 1 opening a notice board (or what ``opener(rank, size, gather)`` opens) in
+    threads, gathering through a barrier as a framework's allgather would."""
     gathered, barrier = {}, threading.Barrier(2)
 
     def gather_as(rank):
@@ -133,7 +133,7 @@ def open_two(between_bind_and_connect=None):
     boards = [None, None]
 
     def open_as(rank):
-        boards[rank] = notice.open_board(rank, 2, gather_as(rank))
+        boards[rank] = opener(rank, 2, gather_as(rank))
 
     threads = [threading.Thread(target=open_as, args=(r,)) for r in range(2)]
     for t in threads:
@@ -150,11 +150,13 @@ def test_open_channel_links_ranks_of_one_host_by_unix_sockets_nobody_else_reache
     try:
         assert a.channel.transports == {1: "unix"} and b.channel.transports == {0: "unix"}
         assert a.channel._secret == b.channel._secret and len(a.channel._secret) == 32
-        path = a.channel.routes[1].getsockname()
-        assert path == gathered[(2, 0)][1] and not os.path.exists(os.path.dirname(path))
+        paths = gathered[(2, 0)][1]  # rank 0's sockets for rank 1: receiving, sending
+        assert a.channel.routes[1].getsockname() == paths[1]
+        assert not os.path.exists(os.path.dirname(paths[0]))
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as stranger:
-            with pytest.raises(OSError):  # the name is gone once both ends are connected
-                stranger.sendto(b"x" * 64, path)
+            for path in paths:
+                with pytest.raises(OSError):  # the names are gone once both ends are connected
+                    stranger.sendto(b"x" * 64, path)
         got = []
         a.listen(got.append)
         b.post({**NOTE, "why": "loss\nis nan\x07"})
@@ -188,21 +190,36 @@ def heard_by(listener, note, poster):
     return got
 
 
+def test_a_peers_last_datagram_is_read_after_it_closed_and_this_rank_sent_to_it():
+    """Linux purges a Unix datagram socket's queue when it sends to a closed peer: a peer's
+    last words ("exited") live on a socket that never sends."""
+    (a, b), _ = open_two(opener=lambda rank, size, gather: channel.open_channel(
+        "notice", rank, size, gather, notice.check_note))
+    try:
+        b.send(NOTE)
+        b.close()
+        a.send(NOTE)  # refused by the closed peer, and swallowed
+        assert a.receive(5) == (1, NOTE)
+    finally:
+        a.close()
+
+
 def test_what_a_stranger_sends_before_the_sockets_connect_is_discarded_unread():
     import socket
 
     def stranger(endpoints):  # each rank's bound sockets, by peer; both still unconnected
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
             for bound in endpoints:
-                for path in bound.values():
-                    for _ in range(3):
-                        s.sendto(b"FORGED" * 10, path)
+                for paths in bound.values():
+                    for path in paths:
+                        for _ in range(3):
+                            s.sendto(b"FORGED" * 10, path)
 
     (a, b), _ = open_two(stranger)
     try:
-        assert a.channel.dropped == b.channel.dropped == 3
+        assert a.channel.dropped == b.channel.dropped == 6  # 3 on each of its 2 sockets
         got = heard_by(a, NOTE, b)
-        assert got == [NOTE] and a.channel.dropped == 3
+        assert got == [NOTE] and a.channel.dropped == 6
     finally:
         for board in (a, b):
             board.withdraw()
