@@ -6,16 +6,17 @@
 #   HVD_BALANCE_GPU=1 bash scripts/install.sh        # GPU build on a CUDA machine:
 #                                                    # tensorflow[and-cuda] + Horovod with NCCL
 #
-# Stacks (HVD_BALANCE_STACK), each in its own virtual environment:
+# Stacks (HVD_BALANCE_STACK) and their virtual environments:
 #   keras3    tensorflow-cpu 2.21.0 (Keras 3), the default                  venv .venv
 #   keras2    tensorflow-cpu 2.15.1 (Keras 2.15)                            venv .venv-keras2
-#   tf-keras  tensorflow-cpu 2.21.0 + tf-keras 2.21 (Keras 2 API on TF 2.21) venv .venv-tf-keras
+#   tf-keras  keras3's environment plus tf-keras 2.21 (Keras 2 API on TF 2.21)   venv .venv
 #             Its programs must run with TF_USE_LEGACY_KERAS=1 in the environment (scripts/test.sh
 #             sets it for this stack); without it tf.keras is Keras 3. Nothing is set globally.
+#             tf-keras lies inert beside Keras 3, as TensorFlow's own docs install it.
 #   torch     CPU PyTorch 2.13.0 (hvd_balance.torch on torch.distributed), Lightning 2.6.6,
 #             Ray Train 2.60, Keras 3 for its torch backend; no TensorFlow, no Horovod
 #             build                                                            venv .venv-torch
-# All three get Horovod 0.28.1 compiled from its source release with Gloo against that
+# The TensorFlow stacks get Horovod 0.28.1 compiled from its source release with Gloo against that
 # TensorFlow, with scripts/patches/horovod-0.28.1-tf219-xla.patch applied (needed for
 # TF >= 2.19, a no-op on a CPU build against older TensorFlow).
 #
@@ -36,13 +37,11 @@ DEFAULT_STACK=keras3
 stack=${HVD_BALANCE_STACK:-$DEFAULT_STACK}
 case "$stack" in
   keras2)   TF_VERSION=2.15.1; venv_default=$repo/.venv-keras2
-            extra_pkgs=(); NUMPY_VERSION=1.26.4
+            NUMPY_VERSION=1.26.4
             deps=("scikit-learn>=1.3,<1.6" "matplotlib>=3.7,<3.10") ;;
-  keras3)   TF_VERSION=2.21.0; venv_default=$repo/.venv
-            extra_pkgs=(); NUMPY_VERSION=2.1.3
-            deps=("scikit-learn>=1.5,<1.8" "matplotlib>=3.9,<3.11") ;;
-  tf-keras) TF_VERSION=2.21.0; venv_default=$repo/.venv-tf-keras
-            extra_pkgs=("tf-keras==2.21.0"); NUMPY_VERSION=2.1.3
+  keras3|tf-keras)
+            TF_VERSION=2.21.0; venv_default=$repo/.venv
+            NUMPY_VERSION=2.1.3
             deps=("scikit-learn>=1.5,<1.8" "matplotlib>=3.9,<3.11") ;;
   torch)    venv_default=$repo/.venv-torch ;;
   *) log "HVD_BALANCE_STACK=$stack: unknown stack; use keras2, keras3, tf-keras or torch"; exit 2 ;;
@@ -127,9 +126,9 @@ fi
 if [ "$gpu" = 1 ]; then tf_pkg="tensorflow[and-cuda]==$TF_VERSION"; tf_dist=tensorflow
 else tf_pkg="tensorflow-cpu==$TF_VERSION"; tf_dist=tensorflow-cpu; fi
 
-if ! have "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION" ${extra_pkgs[@]+"${extra_pkgs[@]}"}; then
-  log "installing $tf_pkg${extra_pkgs[*]:+ ${extra_pkgs[*]}} and the Python dependencies ($stack stack)"
-  vpip install -q "$tf_pkg" ${extra_pkgs[@]+"${extra_pkgs[@]}"} "numpy==$NUMPY_VERSION" \
+if ! have "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION"; then
+  log "installing $tf_pkg and the Python dependencies ($stack stack)"
+  vpip install -q "$tf_pkg" "numpy==$NUMPY_VERSION" \
     "pyyaml>=6" "pytest>=7" "pytest-timeout>=2" "${deps[@]}" "psutil>=5" "cmake<4" wheel setuptools
 fi
 
@@ -151,9 +150,17 @@ if [ "$stack" != keras2 ] && ! have "tensorboard==$TB_VERSION"; then
   vpip install -q "tensorboard==$TB_VERSION" "$tf_dist==$TF_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
-# Legacy Keras (tf-keras) is only what tf.keras means with TF_USE_LEGACY_KERAS=1.
+# Legacy Keras (tf-keras) is only what tf.keras means with TF_USE_LEGACY_KERAS=1. --no-deps: it
+# asks for `tensorflow`, whose module tensorflow-cpu provides under another name.
+TF_KERAS_VERSION=2.21.0
 keras_env=()
-[ "$stack" = tf-keras ] && keras_env=(TF_USE_LEGACY_KERAS=1)
+if [ "$stack" = tf-keras ]; then
+  keras_env=(TF_USE_LEGACY_KERAS=1)
+  if ! have "tf-keras==$TF_KERAS_VERSION"; then
+    log "installing tf-keras==$TF_KERAS_VERSION beside Keras 3 ($stack stack)"
+    vpip install -q --no-deps "tf-keras==$TF_KERAS_VERSION"
+  fi
+fi
 
 # One Python process, no pipes: `horovodrun --check-build | grep -q` can fail under pipefail
 # when grep exits before horovodrun has written all it prints. Horovod must have been built
@@ -188,7 +195,7 @@ u.check_installed_version("tensorflow", tf.__version__)' >&2 || true
 }
 
 # One Horovod build per TensorFlow: its wheel is kept in the checkout (.wheels/, ignored by git)
-# for another stack on the same TensorFlow and Python (keras3 and tf-keras share TF 2.21).
+# for another environment on the same TensorFlow and Python (HVD_BALANCE_VENV, a fresh .venv).
 py_tag=$("$vpy" -c 'import sys; print("%d%d" % sys.version_info[:2])')
 patch_tag=$(sha256sum "$HVD_PATCH" | cut -c1-12)
 wheel_dir="$repo/.wheels/horovod-$HVD_VERSION-tf$TF_VERSION-py$py_tag-gpu$gpu-$patch_tag"
@@ -254,5 +261,5 @@ if ! hvd_ok; then
 fi
 
 install_editable
-log "ready: $venv ($stack stack: TensorFlow $TF_VERSION${extra_pkgs[*]:+, ${extra_pkgs[*]}})"
+log "ready: $venv ($stack stack: TensorFlow $TF_VERSION$([ "$stack" = tf-keras ] && echo ", tf-keras $TF_KERAS_VERSION"))"
 echo "$venv"
