@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from support import PYTHON, REPO
+from support import HOROVODRUN, PYTHON, REPO
 from support.cluster import run_on
 
 pytestmark = pytest.mark.cluster
@@ -23,7 +23,8 @@ def _job(cluster, tmp_path, hostfile_text, *rank_args):
     hostfile = tmp_path / f"hosts-{hostfile_text.split()[0]}.txt"
     hostfile.write_text(hostfile_text)
     return run_on(cluster, hostfile_text.split()[0],
-                  [PYTHON, HOSTS_SCRIPT, hostfile, "--gloo", "--", PYTHON, REPO / RANK_SCRIPT,
+                  [PYTHON, HOSTS_SCRIPT, hostfile, "--launcher", HOROVODRUN, "--gloo", "--",
+                   PYTHON, REPO / RANK_SCRIPT,
                    *rank_args], timeout=420, env=JOB_ENV)
 
 
@@ -33,7 +34,7 @@ def test_plan_names_the_hosts_is_reused_and_refused_in_another_order(cluster, tm
     ab = "hostA slots=2 devices=cpu,cpu\nhostB slots=2 devices=cpu,cpu\n"
     run = _job(cluster, tmp_path, ab, "save", plan)
     assert run.returncode == 0, run.stdout[-5000:]
-    assert ("HVD_BALANCE_DEVICES='hostA=cpu,cpu;hostB=cpu,cpu' horovodrun -np 4 "
+    assert (f"HVD_BALANCE_DEVICES='hostA=cpu,cpu;hostB=cpu,cpu' {HOROVODRUN} -np 4 "
             "-H hostA:2,hostB:2" in run.stdout)
     results = run.results()
     assert sorted(results) == [0, 1, 2, 3], run.stdout[-3000:]
