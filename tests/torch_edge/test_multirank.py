@@ -42,9 +42,10 @@ def test_forged_datagrams_change_nothing_and_print_nothing():
     assert sorted(results) == [0, 1]
     for rank, r in results.items():
         assert len(r["diffs"]) == 40 and max(r["diffs"]) < 1e-9, r
-    # The notice and heartbeat channels: a Unix socket each per rank. What the stranger got in
-    # before they were connected (it runs as the same user here) was discarded unread.
-    assert stats["ports"] == [] and len(stats["unix"]) == 4, stats
+    # The notice and heartbeat channels: two Unix sockets (one each way) each per rank. What
+    # the stranger got in before they were connected (it runs as the same user here) was
+    # discarded unread.
+    assert stats["ports"] == [] and len(stats["unix"]) == 8, stats
     assert sum(r["dropped"] for r in results.values()) == stats["sent"], (results, stats)
     assert "FORGED" not in run.stdout and "left its training loop" not in run.stdout
 
