@@ -1,4 +1,4 @@
-"""The device check, in two parts that each fit in 5 minutes (``--part cpu|gpu|all``).
+"""The device check, in three parts that each fit in 5 minutes (``--part cpu|gpu|fsdp|all``).
 
 Run by scripts/device_check.sh on a machine with one NVIDIA GPU and 16 cores (torch, numpy,
 pyyaml; no TensorFlow, no network, no install: ``PYTHONPATH`` is the repository), or
@@ -7,6 +7,11 @@ anywhere with ``--cpu-only`` (rank 0 on CPU too) and ``--tiny`` sizes.
 Part cpu (``device_check_cpu.py``): ranks pinned to disjoint core sets of 1, 2, 4 and 8 cores,
 and of 1, 1, 2, 2, 2, 2, 3, 3 (with ``--tiny``: 1, 1), real heterogeneity without emulation;
 writes ``device_check_cpu.{md,json}``.
+
+Part fsdp: part cpu's first configuration (1, 2, 4 and 8 cores) with the model sharded by
+FSDP2, the balancer timing each rank outside its all-gathers and reduce-scatters (docs/fsdp.md);
+writes ``device_check_fsdp.{md,json}``. Its ranks are CPU ranks: one GPU cannot hold two NCCL
+ranks of a job, and Gloo has no reduce-scatter of CUDA tensors.
 
 Part gpu (this file): one GPU rank beside CPU ranks in one Gloo group, exactness and epoch
 times; writes ``device_check.{md,json}``. Four processes are started with
@@ -245,18 +250,20 @@ def part_gpu(args, cores: int) -> None:
     mp.spawn(worker, args=(cfg, Path(args.out)), nprocs=WORLD, join=True)
 
 
-def part_cpu(args, cores: int) -> None:
+def part_cpu(args, cores: int, sharded: bool = False) -> None:
+    """Part cpu, or with ``sharded`` part fsdp: the same ranks and jobs under FSDP2."""
     import device_check_cpu as cpu
 
     # A CNN whose compute outweighs its allreduce (about 0.7 M parameters, width 32).
     cfg = {"width": 32, "global_batch": 256, "steps": 8, "epochs": 1, "balancer_epochs": 3,
-           "rebalance_steps": 4, "rate_repeats": 3, "repeats": 3}
-    configs = [(1, 2, 4, 8), (1, 1, 2, 2, 2, 2, 3, 3)]
+           "rebalance_steps": 4, "rate_repeats": 3, "repeats": 3, "sharded": sharded}
+    configs = [(1, 2, 4, 8)] if sharded else [(1, 2, 4, 8), (1, 1, 2, 2, 2, 2, 3, 3)]
     if args.tiny:
         cfg.update(width=4, global_batch=32, steps=6, balancer_epochs=2, rebalance_steps=3,
                    rate_repeats=2, repeats=2)
         configs = [(1, 1)]
-    print(f"[device_check] part cpu: {json.dumps(cfg)}, configurations {configs}", flush=True)
+    part = "fsdp" if sharded else "cpu"
+    print(f"[device_check] part {part}: {json.dumps(cfg)}, configurations {configs}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -265,22 +272,26 @@ def part_cpu(args, cores: int) -> None:
             rows.append(cpu.run_config(config, cfg))
         except Exception as err:  # noqa: BLE001 - recorded, and the next configuration still runs
             rows.append({"cores": list(config), "error": f"{type(err).__name__}: {err}"})
-        print(f"[device_check] part cpu {config}: {json.dumps(rows[-1])[:600]}", flush=True)
-    lines = [f"# Device check, part cpu ({stamp()})", "",
+        print(f"[device_check] part {part} {config}: {json.dumps(rows[-1])[:600]}", flush=True)
+    wrapped = ("FSDP2 (`fully_shard` on each block, then the root)" if sharded
+               else "DDP")
+    lines = [f"# Device check, part {part} ({stamp()})", "",
              f"Ranks pinned to disjoint core sets, one thread per core; ResNet-style CNN of width "
-             f"{cfg['width']} on 32x32 synthetic images, per-rank BatchNorm, global batch "
-             f"{cfg['global_batch']}, {cfg['steps']} steps an epoch, Gloo; {cfg['repeats']} "
+             f"{cfg['width']} on 32x32 synthetic images in {wrapped}, per-rank BatchNorm, global "
+             f"batch {cfg['global_batch']}, {cfg['steps']} steps an epoch, Gloo; {cfg['repeats']} "
              f"interleaved rounds.", ""] + cpu.report(rows, cfg)
-    (out / "device_check_cpu.json").write_text(json.dumps({"config": cfg, "rows": rows}, indent=1))
-    (out / "device_check_cpu.md").write_text("\n".join(lines) + "\n")
+    (out / f"device_check_{part}.json").write_text(json.dumps({"config": cfg, "rows": rows},
+                                                              indent=1))
+    (out / f"device_check_{part}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out", nargs="?", default="results", help="output folder (default: results/)")
-    p.add_argument("--part", choices=["cpu", "gpu", "all"], default="all",
-                   help="cpu: pinned core sets; gpu: the GPU beside CPU ranks; all: both")
+    p.add_argument("--part", choices=["cpu", "gpu", "fsdp", "all"], default="all",
+                   help="cpu: pinned core sets; gpu: the GPU beside CPU ranks; fsdp: the core "
+                        "sets under FSDP2; all: the three")
     p.add_argument("--cpu-only", action="store_true", help="rank 0 on CPU too (automatic without CUDA)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: a one-minute run on a laptop")
     args = p.parse_args(argv)
@@ -289,6 +300,8 @@ def main(argv=None):
         part_cpu(args, cores)
     if args.part in ("gpu", "all"):
         part_gpu(args, cores)
+    if args.part in ("fsdp", "all"):
+        part_cpu(args, cores, sharded=True)
     return 0
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The device check (scripts/device_check.py), in two parts of at most 5 minutes each, so that a
-# failed part can be rerun alone:
-#   cpu  ranks pinned to disjoint core sets of 1, 2, 4, 8 cores and 1, 1, 2, 2, 2, 2, 3, 3
-#        (real heterogeneity, no emulation) -> device_check_cpu.{md,json}
-#   gpu  rank 0 on the GPU, 3 ranks on CPU cores, one Gloo group -> device_check.{md,json}
+# The device check (scripts/device_check.py), in three parts of at most 5 minutes each, so that
+# a failed part can be rerun alone:
+#   cpu   ranks pinned to disjoint core sets of 1, 2, 4, 8 cores and 1, 1, 2, 2, 2, 2, 3, 3
+#         (real heterogeneity, no emulation) -> device_check_cpu.{md,json}
+#   gpu   rank 0 on the GPU, 3 ranks on CPU cores, one Gloo group -> device_check.{md,json}
+#   fsdp  the core sets 1, 2, 4, 8 with the model sharded by FSDP2 -> device_check_fsdp.{md,json}
 # Needs only Python with torch, numpy and pyyaml (no TensorFlow, no install, no network).
-#   bash scripts/device_check.sh [--part cpu|gpu|all] [OUT] [--cpu-only] [--tiny]
+#   bash scripts/device_check.sh [--part cpu|gpu|fsdp|all] [OUT] [--cpu-only] [--tiny]
 # OUT defaults to results/. --cpu-only --tiny runs anywhere in about a minute (CI runs it).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,15 +16,15 @@ part=all
 args=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --part) part=${2:?--part needs cpu, gpu or all}; shift 2 ;;
+    --part) part=${2:?--part needs cpu, gpu, fsdp or all}; shift 2 ;;
     --part=*) part=${1#--part=}; shift ;;
     *) args+=("$1"); shift ;;
   esac
 done
 case "$part" in
-  all) parts=(cpu gpu) ;;
-  cpu|gpu) parts=("$part") ;;
-  *) echo "device_check: --part $part: use cpu, gpu or all" >&2; exit 2 ;;
+  all) parts=(cpu gpu fsdp) ;;
+  cpu|gpu|fsdp) parts=("$part") ;;
+  *) echo "device_check: --part $part: use cpu, gpu, fsdp or all" >&2; exit 2 ;;
 esac
 status=0
 for p in "${parts[@]}"; do

@@ -1,7 +1,7 @@
 """What both parts of the device check run: the model, its data and the timed training jobs.
 
-Imported by ``device_check.py`` (part gpu) and ``device_check_cpu.py`` (part cpu), which import
-nothing of each other's.
+Imported by ``device_check.py`` (part gpu) and ``device_check_cpu.py`` (parts cpu and fsdp),
+which import nothing of each other's.
 """
 
 from __future__ import annotations
@@ -80,9 +80,20 @@ def measure_rate(device, cfg, batch):
     return batch / times[len(times) // 2]
 
 
+def shard(model: nn.Module) -> nn.Module:
+    """``model`` sharded with FSDP2's ``fully_shard``: each residual block, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, Block):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
 def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False, sync_bn=True):
     """Epoch wall seconds (between barriers, as rank 0 sees them) and the plans used;
-    ``sync_bn``: hvd_balance's SyncBatchNorm (a collective per layer), else torch's own."""
+    ``sync_bn``: hvd_balance's SyncBatchNorm (a collective per layer), else torch's own;
+    ``cfg["sharded"]``: FSDP2 (:func:`shard`) in place of DDP."""
     data = make_data(cfg["steps"] * cfg["global_batch"])
     torch.manual_seed(0)
     model = resnet(cfg["width"])
@@ -93,9 +104,9 @@ def train(rank, device, cfg, plan=None, epochs=1, rebalance="off", alone=False, 
         loader = DataLoader(data, batch_size=cfg["global_batch"], shuffle=True, drop_last=True)
         step_model, balancer = model, None
     else:
-        step_model = DDP(model)
+        step_model = shard(model) if cfg.get("sharded") else DDP(model)
     opt = torch.optim.SGD(step_model.parameters(), lr=0.05, momentum=0.9)
-    if not alone:  # optimizer=: it may leave ranks out (issue 40)
+    if not alone:  # optimizer=: it may leave ranks out (issue 40), or advise under FSDP2
         sampler = hb.BalancedBatchSampler(data, global_batch_size=cfg["global_batch"], seed=0)
         balancer = hb.LoadBalancer(step_model, sampler, plan=plan, rebalance=rebalance,
                                    verbose=0, optimizer=opt)

@@ -1,4 +1,4 @@
-"""scripts/device_check.sh --cpu-only --tiny: both parts run here and write their tables."""
+"""scripts/device_check.sh --cpu-only --tiny: every part runs here and writes its tables."""
 
 import json
 import sys
@@ -6,17 +6,11 @@ import sys
 from support.launch import REPO, rank_env, run_command
 
 
-def test_both_parts_run_on_cpu_and_write_their_tables(tmp_path):
-    out = tmp_path / "out"
-    run = run_command(["bash", REPO / "scripts" / "device_check.sh", "--part", "all", out,
-                       "--cpu-only", "--tiny"], rank_env({"PYTHON": sys.executable}), timeout=240)
-    assert run.returncode == 0, run.stdout[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == [
-        "device_check.json", "device_check.md", "device_check_cpu.json", "device_check_cpu.md"]
-
-    cpu = json.loads((out / "device_check_cpu.json").read_text())
-    B = cpu["config"]["global_batch"]
-    (row,) = cpu["rows"]
+def check_core_sets_part(out, part):
+    """Part ``part``'s (cpu or fsdp) table and numbers, on the tiny 1, 1 cores."""
+    result = json.loads((out / f"device_check_{part}.json").read_text())
+    B = result["config"]["global_batch"]
+    (row,) = result["rows"]
     assert row["cores"] == [1, 1] and "error" not in row, row
     rates = row["solo_samples_per_s"]
     assert len(rates) == 2 and min(rates) > 0
@@ -27,9 +21,22 @@ def test_both_parts_run_on_cpu_and_write_their_tables(tmp_path):
         assert abs(s["share_of_ideal"]["median"] * row["ideal_samples_per_s"]
                    - s["samples_per_s"]["median"]) < 1e-6 * s["samples_per_s"]["median"]
     assert 0 < row["strategies"]["load_balancer"]["efficiency"]["median"] <= 1
-    table = (out / "device_check_cpu.md").read_text()
+    table = (out / f"device_check_{part}.md").read_text()
     assert "| 1,1 |" in table and "LoadBalancer" in table and "paper's rule" in table
     assert "commit " in table.splitlines()[0] and "torch " in table.splitlines()[0]
+    assert ("FSDP2" in table) == (part == "fsdp") and result["config"]["sharded"] == (part == "fsdp")
+
+
+def test_every_part_runs_on_cpu_and_writes_its_tables(tmp_path):
+    out = tmp_path / "out"
+    run = run_command(["bash", REPO / "scripts" / "device_check.sh", "--part", "all", out,
+                       "--cpu-only", "--tiny"], rank_env({"PYTHON": sys.executable}), timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "device_check.json", "device_check.md", "device_check_cpu.json", "device_check_cpu.md",
+        "device_check_fsdp.json", "device_check_fsdp.md"]
+    for part in ("cpu", "fsdp"):
+        check_core_sets_part(out, part)
 
     gpu = json.loads((out / "device_check.json").read_text())
     assert gpu["exact"]["exact"] is True and gpu["exact"]["max_diff"] <= 1e-4, gpu["exact"]
@@ -48,4 +55,4 @@ def test_both_parts_run_on_cpu_and_write_their_tables(tmp_path):
 def test_a_bad_part_is_refused_by_name():
     run = run_command(["bash", REPO / "scripts" / "device_check.sh", "--part", "tpu"],
                       rank_env({"PYTHON": sys.executable}), timeout=30)
-    assert run.returncode == 2 and "--part tpu: use cpu, gpu or all" in run.stdout
+    assert run.returncode == 2 and "--part tpu: use cpu, gpu, fsdp or all" in run.stdout
